@@ -1,0 +1,47 @@
+"""django-dbworker: your Django database as the background-work engine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "Context",
+    "ExecutionStatus",
+    "Finished",
+    "Outcome",
+    "Unfinished",
+    "execution_status",
+    "has_execution_status",
+    "worker",
+    "workers",
+]
+
+from .context import Context
+from .outcomes import Finished, Outcome, Unfinished
+
+if TYPE_CHECKING:
+    from .models import ExecutionStatus
+    from .registry import worker, workers
+    from .status import execution_status, has_execution_status
+
+_LAZY = {
+    "ExecutionStatus": ("models", "ExecutionStatus"),
+    "worker": ("registry", "worker"),
+    "workers": ("registry", "workers"),
+    "execution_status": ("status", "execution_status"),
+    "has_execution_status": ("status", "has_execution_status"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Models can only be imported once the app registry is ready; import them on first use
+    # so that `from django_dbworker import Finished` works in settings-free code too.
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'django_dbworker' has no attribute {name!r}") from None
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), attribute)
+    globals()[name] = value
+    return value

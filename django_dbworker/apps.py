@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.db.backends.signals import connection_created
+from django.db.models.signals import post_delete, post_save
+from django.utils.module_loading import autodiscover_modules
+
+
+class DBWorkerConfig(AppConfig):
+    name = "django_dbworker"
+    verbose_name = "DB worker"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401 - registers the system checks
+        from . import conf
+        from .claims import pending
+        from .db import on_connection_created
+
+        conf.load()  # bad settings fail at start-up, naming the key
+        connection_created.connect(on_connection_created, dispatch_uid="dbworker-sqlite")
+        post_save.connect(pending.on_save, dispatch_uid="dbworker-pending-save")
+        post_delete.connect(pending.on_delete, dispatch_uid="dbworker-pending-delete")
+        autodiscover_modules("workers")

@@ -1,0 +1,66 @@
+"""System checks. IDs are stable and documented in docs/checks.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from . import conf
+from .registry import workers
+
+
+def in_memory_sqlite(alias: str) -> bool:
+    connection = connections[alias]
+    return connection.vendor == "sqlite" and connection.is_in_memory_db()
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    try:
+        config = conf.load()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="django_dbworker.E001")]
+    errors: list[CheckMessage] = []
+    if in_memory_sqlite(config.DATABASE) and not _testing(config.DATABASE):
+        errors.append(Error(
+            f"DATABASES[{config.DATABASE!r}] is an in-memory SQLite database; runworkers "
+            "runs handlers in other processes, which cannot see it.",
+            hint="Give the database a file NAME.",
+            id="django_dbworker.E002",
+        ))
+    connection = connections[config.DATABASE]
+    if connection.vendor == "sqlite":
+        mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
+        if (mode or "").upper() != "IMMEDIATE":
+            errors.append(Warning(
+                f"DATABASES[{config.DATABASE!r}] is SQLite without transaction_mode "
+                "'IMMEDIATE': your web processes may see 'database is locked' when they write "
+                "while runworkers does (runworkers itself always uses IMMEDIATE).",
+                hint="Add 'OPTIONS': {'transaction_mode': 'IMMEDIATE'} to the database.",
+                id="django_dbworker.W001",
+            ))
+    return errors
+
+
+def _testing(alias: str) -> bool:
+    return bool(connections[alias].settings_dict.get("NAME", "").startswith("file:memorydb"))
+
+
+@register()
+def check_workers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    for worker in workers.values():
+        try:
+            worker.eligible_queryset()
+        except Exception as exc:  # noqa: BLE001 - report whatever the user's callable raised
+            errors.append(Error(
+                f"Worker {worker.name!r}: its eligible queryset cannot be built: {exc}",
+                hint="eligible= must be a QuerySet of the source model or a callable "
+                     "returning one.",
+                obj=worker.handler,
+                id="django_dbworker.E003",
+            ))
+    return errors

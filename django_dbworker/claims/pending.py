@@ -1,0 +1,139 @@
+"""The pending set: one PENDING execution per source row waiting for a worker.
+
+Rows saved through the ORM get theirs in the same transaction (``post_save``); rows written
+any other way (``bulk_create``, ``update()``, raw SQL, other programs) are found by the
+sweep, which walks the source table by primary key in bounded chunks. Deleting a source
+row removes its executions (``post_delete``); the sweep removes any that slip through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import models
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from .. import conf, keys
+from ..models import Execution, State
+from ..registry import Worker, workers
+
+
+def add(worker: Worker, pks: Iterable[Any], using: str) -> int:
+    """Make ``pks`` pending for ``worker`` unless they already have an execution."""
+    now = timezone.now()
+    units = [
+        Execution(
+            worker=worker.name,
+            source_id=keys.to_key(worker.source, pk, using),
+            sort_key=keys.sort_key(worker.source, pk),
+            state=State.PENDING,
+            available_at=now,
+            created_at=now,
+        )
+        for pk in pks
+    ]
+    if units:
+        Execution.objects.using(using).bulk_create(units, ignore_conflicts=True)
+    return len(units)
+
+
+def on_save(sender: type[models.Model], instance: models.Model, raw: bool, using: str,
+            **kwargs: Any) -> None:
+    if raw:
+        return
+    interested = workers.for_model(sender)
+    if not interested or using != conf.get().DATABASE:
+        return
+    for worker in interested:
+        add(worker, [instance.pk], using)
+
+
+def on_delete(sender: type[models.Model], instance: models.Model, using: str,
+              **kwargs: Any) -> None:
+    interested = workers.for_model(sender)
+    if not interested or using != conf.get().DATABASE or instance.pk is None:
+        return
+    key = keys.to_key(sender, instance.pk, using)
+    Execution.objects.using(using).filter(
+        worker__in=[w.name for w in interested], source_id=key
+    ).delete()
+
+
+class Sweeper:
+    """Finds eligible source rows without an execution, one bounded chunk at a time."""
+
+    def __init__(self, worker: Worker, batch: int) -> None:
+        self.worker = worker
+        self.batch = batch
+        self.cursor: Any = None
+        self.orphan_cursor: int | None = None
+
+    def step(self) -> tuple[int, bool]:
+        """Sweep the next chunk; return (units added, whether a full pass just ended).
+
+        A pass walks the source rows, then the worker's executions for orphans.
+        """
+        using = conf.get().DATABASE
+        if self.orphan_cursor is not None:
+            return 0, self._remove_orphans(using)
+        model = self.worker.source
+        rows = model._base_manager.using(using).order_by("pk")
+        if self.cursor is not None:
+            rows = rows.filter(pk__gt=self.cursor)
+        chunk = list(rows.values_list("pk", flat=True)[: self.batch])
+        if not chunk:
+            self.cursor = None
+            self.orphan_cursor = 0
+            return 0, False
+        self.cursor = chunk[-1]
+        has_unit = Execution.objects.filter(
+            worker=self.worker.name, source_id=keys.key_expression(OuterRef("pk"))
+        )
+        missing = (
+            self.worker.eligible_queryset()
+            .using(using)
+            .order_by()
+            .filter(pk__in=chunk)
+            .filter(~Exists(has_unit))
+            .values_list("pk", flat=True)
+        )
+        return add(self.worker, list(missing), using), False
+
+    def sweep_all(self) -> int:
+        self.cursor = self.orphan_cursor = None
+        added = 0
+        while True:
+            n, done = self.step()
+            added += n
+            if done:
+                return added
+
+    def _remove_orphans(self, using: str) -> bool:
+        """Delete one page of executions whose source row is gone; True when done.
+
+        Running units are left alone: their handler finds the row gone and forgets them.
+        """
+        model = self.worker.source
+        page = list(
+            Execution.objects.using(using)
+            .filter(worker=self.worker.name, id__gt=self.orphan_cursor)
+            .order_by("id")
+            .values_list("id", "source_id")[: self.batch]
+        )
+        if not page:
+            self.orphan_cursor = None
+            return True
+        self.orphan_cursor = page[-1][0]
+        by_pk = {keys.from_key(model, key): eid for eid, key in page}
+        present = set(
+            model._base_manager.using(using).filter(pk__in=list(by_pk))
+            .values_list("pk", flat=True)
+        )
+        gone = [eid for pk, eid in by_pk.items() if pk not in present]
+        if gone:
+            Execution.objects.using(using).filter(id__in=gone).exclude(
+                state=State.WORKING
+            ).delete()
+        return False

@@ -1,0 +1,82 @@
+"""The claim query: waiting units of one worker whose source rows are eligible, in order.
+
+It starts from the claim index (only PENDING/UNFINISHED units of the worker are in it) and
+probes the source table by primary key for each candidate, so its cost follows the pending
+work and never the finished history. For integer-pk workers ordered by pk (the default),
+the index order is the claim order and the scan stops after ``limit`` eligible units.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Exists, F, OrderBy, OuterRef, QuerySet, Subquery
+
+from .. import keys
+from ..models import CLAIMABLE, Execution
+from ..registry import Worker
+
+
+def candidates(worker: Worker, now: datetime, using: str) -> QuerySet[Execution]:
+    eligible = worker.eligible_queryset()
+    model = worker.source
+    pk_of_unit = keys.pk_expression(model, OuterRef("source_id"))
+    qs = Execution.objects.using(using).filter(
+        worker=worker.name, state__in=CLAIMABLE, available_at__lte=now
+    )
+    qs = qs.filter(Exists(eligible.order_by().filter(pk=pk_of_unit)))
+    return _order(qs, worker, eligible, pk_of_unit)
+
+
+def _ordering(eligible: QuerySet[Any]) -> list[Any]:
+    query = eligible.query
+    if query.order_by:
+        return list(query.order_by)
+    if query.default_ordering and query.get_meta().ordering:
+        return list(query.get_meta().ordering)
+    return ["pk"]
+
+
+def _pk_direction(item: Any, model: Any) -> str | None:
+    """'asc'/'desc' when ``item`` orders by the primary key, else None."""
+    if isinstance(item, OrderBy) and isinstance(item.expression, F):
+        name, desc = item.expression.name, item.descending
+    elif isinstance(item, str):
+        name, desc = item.removeprefix("-"), item.startswith("-")
+    else:
+        return None
+    pk = model._meta.pk
+    return ("desc" if desc else "asc") if name in ("pk", pk.name, pk.attname) else None
+
+
+def _order(
+    qs: QuerySet[Execution], worker: Worker, eligible: QuerySet[Any], pk_of_unit: Any
+) -> QuerySet[Execution]:
+    ordering = _ordering(eligible)
+    if any(item == "?" for item in ordering):
+        raise ValueError(f"Worker {worker.name!r}: eligible may not be ordered randomly.")
+    by_row = eligible.order_by().filter(pk=pk_of_unit)
+    order_by: list[Any] = []
+    for i, item in enumerate(ordering):
+        direction = _pk_direction(item, worker.source)
+        if direction is not None:
+            tail = [F("sort_key"), F("source_id")]
+            order_by += [f.desc() if direction == "desc" else f.asc() for f in tail]
+            break  # the pk is unique: nothing after it can change the order
+        if isinstance(item, OrderBy):
+            expression, descending = item.expression, item.descending
+            nulls_first, nulls_last = item.nulls_first, item.nulls_last
+        else:
+            expression, descending = F(item.removeprefix("-")), item.startswith("-")
+            nulls_first = nulls_last = None
+        alias = f"_dbworker_order_{i}"
+        value = Subquery(by_row.annotate(_v=expression).values("_v")[:1])
+        qs = qs.annotate(**{alias: value})
+        order_by.append(
+            OrderBy(F(alias), descending=descending, nulls_first=nulls_first,
+                    nulls_last=nulls_last)
+        )
+    else:
+        order_by += [F("sort_key").asc(), F("source_id").asc()]
+    return qs.order_by(*order_by, "id")

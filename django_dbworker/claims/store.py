@@ -1,0 +1,248 @@
+"""Every change of an execution's state, each a guarded UPDATE that reports its row count.
+
+The state machine, written down once::
+
+    (none)      -> PENDING      a source row is saved, or the sweep finds it
+    PENDING     -> WORKING      claim
+    UNFINISHED  -> WORKING      claim (once available_at has passed)
+    WORKING     -> FINISHED     complete with the claim's token
+    WORKING     -> UNFINISHED   complete with the token (Unfinished), release, reap
+    WORKING     -> FAILED       fail with the token; release or reap after MAX_CRASHES
+    FAILED      -> UNFINISHED   reset_failed
+
+A change whose guard does not match (wrong state, or a token that is no longer current)
+changes nothing and returns 0: that is how a process learns it lost its lease.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from .. import conf, keys
+from ..models import CLAIMABLE, Execution, Failure, State
+from ..outcomes import Finished, Outcome, Unfinished
+from ..registry import Worker
+from .queries import candidates
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "claim": frozenset({State.PENDING, State.UNFINISHED}),
+    "complete": frozenset({State.WORKING}),
+    "fail": frozenset({State.WORKING}),
+    "release": frozenset({State.WORKING}),
+    "reap": frozenset({State.WORKING}),
+    "reset_failed": frozenset({State.FAILED}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Claimant:
+    """Who claims: one supervisor process on one host."""
+
+    supervisor_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    execution_id: int
+    worker: str
+    source_key: str
+    token: uuid.UUID
+    attempt: int
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FailureInfo:
+    exception_class: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def of(cls, exc: BaseException, traceback: str = "") -> FailureInfo:
+        kind = type(exc)
+        return cls(f"{kind.__module__}.{kind.__qualname__}", str(exc), traceback)
+
+
+def _alias() -> str:
+    return conf.get().DATABASE
+
+
+def _prep(name: str, value: Any, using: str) -> Any:
+    return Execution._meta.get_field(name).get_db_prep_save(value, connections[using])
+
+
+def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[Claim]:
+    """Claim up to ``limit`` units of ``worker`` in one statement; commit before returning."""
+    using = _alias()
+    connection = connections[using]
+    now = timezone.now()
+    expires = now + timedelta(seconds=lease)
+    token = uuid.uuid4()
+    table = connection.ops.quote_name(Execution._meta.db_table)
+    with transaction.atomic(using=using):
+        inner = candidates(worker, now, using).values("id")[:limit]
+        if connection.features.has_select_for_update_skip_locked:
+            inner = inner.select_for_update(skip_locked=True, of=("self",))
+        inner_sql, inner_params = inner.query.get_compiler(using).as_sql()
+        sql = (
+            f"UPDATE {table} SET state = %s, token = %s, supervisor_id = %s, "
+            "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
+            "started_at = %s, finished_at = NULL, lease_expires_at = %s "
+            f"WHERE id IN ({inner_sql}) RETURNING id, source_id, attempts"
+        )
+        params = [
+            State.WORKING,
+            _prep("token", token, using),
+            _prep("supervisor_id", claimant.supervisor_id, using),
+            claimant.host,
+            claimant.pid,
+            _prep("started_at", now, using),
+            _prep("lease_expires_at", expires, using),
+            *inner_params,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+    return [Claim(row[0], worker.name, row[1], token, row[2], expires) for row in rows]
+
+
+def _fenced(c: Claim, using: str) -> Any:
+    return Execution.objects.using(using).filter(
+        id=c.execution_id, token=c.token, state__in=TRANSITIONS["complete"]
+    )
+
+
+def complete(c: Claim, outcome: Outcome) -> int:
+    """Write the handler's outcome, only while ``c`` is still the current claim."""
+    using = _alias()
+    now = timezone.now()
+    done = {"token": None, "lease_expires_at": None, "finished_at": now}
+    if isinstance(outcome, Finished):
+        return _fenced(c, using).update(state=State.FINISHED, **done)
+    assert isinstance(outcome, Unfinished)
+    return _fenced(c, using).update(
+        state=State.UNFINISHED,
+        available_at=now + timedelta(seconds=outcome.seconds),
+        crashes=0,
+        **done,
+    )
+
+
+def fail(c: Claim, failure: FailureInfo) -> int:
+    """Record a failed attempt and mark the execution FAILED (fenced by the token)."""
+    using = _alias()
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        changed = _fenced(c, using).update(
+            state=State.FAILED, token=None, lease_expires_at=None, finished_at=now
+        )
+        if changed:
+            _record(c.execution_id, c.attempt, failure, now, using)
+    return changed
+
+
+def forget(c: Claim) -> int:
+    """Remove the execution of a unit whose source row is gone (fenced by the token)."""
+    return _fenced(c, _alias()).delete()[0]
+
+
+def _record(execution_id: int, attempt: int, failure: FailureInfo, now: datetime,
+            using: str) -> None:
+    Failure.objects.using(using).create(
+        execution_id=execution_id,
+        attempt=attempt,
+        exception_class=failure.exception_class,
+        message=failure.message,
+        traceback=failure.traceback,
+        occurred_at=now,
+    )
+
+
+def release(c: Claim, *, crashed: FailureInfo | None, max_crashes: int) -> int:
+    """Give a cut-off unit back: claimable again, or FAILED once it crashed too often.
+
+    ``crashed`` is None when the unit was cut off by a shutdown (not its fault).
+    """
+    using = _alias()
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        qs = _fenced(c, using)
+        back = {"token": None, "lease_expires_at": None, "available_at": now}
+        if crashed is None:
+            return qs.update(state=State.UNFINISHED, **back)
+        failed = qs.filter(crashes__gte=max_crashes - 1).update(
+            state=State.FAILED, crashes=F("crashes") + 1, finished_at=now, **back
+        )
+        if failed:
+            _record(c.execution_id, c.attempt, _too_many(crashed, max_crashes), now, using)
+            return failed
+        return qs.update(state=State.UNFINISHED, crashes=F("crashes") + 1, **back)
+
+
+def _too_many(crashed: FailureInfo, max_crashes: int) -> FailureInfo:
+    return FailureInfo(
+        crashed.exception_class,
+        f"{crashed.message}; this unit has now lost its process {max_crashes} time(s) "
+        "(DBWORKER['MAX_CRASHES']), so it is marked FAILED instead of being run again.",
+        crashed.traceback,
+    )
+
+
+def renew(claimant: Claimant, execution_ids: list[int], lease: float) -> int:
+    """Extend the leases of the units this supervisor runs: one statement."""
+    if not execution_ids:
+        return 0
+    return Execution.objects.using(_alias()).filter(
+        id__in=execution_ids, supervisor_id=claimant.supervisor_id, state=State.WORKING
+    ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
+
+
+def reap(max_crashes: int) -> int:
+    """Take back units whose lease expired (their process or supervisor is gone)."""
+    using = _alias()
+    now = timezone.now()
+    expired = Execution.objects.using(using).filter(
+        state__in=TRANSITIONS["reap"], lease_expires_at__lt=now
+    )
+    rows = list(expired.values_list("id", "attempts", "crashes", "token")[:1000])
+    reaped = 0
+    for execution_id, attempt, crashes, token in rows:
+        c = Claim(execution_id, "", "", token, attempt, now)
+        info = FailureInfo(
+            "django_dbworker.exceptions.LeaseLost",
+            "the lease of this unit expired while it ran: its supervisor stopped renewing "
+            "it (process killed, paused or cut off from the database)",
+        )
+        reaped += release(c, crashed=info, max_crashes=max_crashes)
+    return reaped
+
+
+def reset_failed(worker: Worker, pk: Any) -> bool:
+    using = _alias()
+    return bool(
+        Execution.objects.using(using)
+        .filter(
+            worker=worker.name,
+            source_id=keys.to_key(worker.source, pk, using),
+            state__in=TRANSITIONS["reset_failed"],
+        )
+        .update(state=State.UNFINISHED, crashes=0, available_at=timezone.now(),
+                finished_at=None)
+    )
+
+
+def waiting(worker: Worker) -> int:
+    """Units of ``worker`` waiting to be claimed (eligible or not)."""
+    return Execution.objects.using(_alias()).filter(
+        worker=worker.name, state__in=CLAIMABLE
+    ).count()

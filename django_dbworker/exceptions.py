@@ -1,0 +1,48 @@
+"""Exceptions raised by django-dbworker. Each docstring says how to fix the problem."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class DBWorkerError(Exception):
+    """Root of every error django-dbworker raises on purpose."""
+
+
+class InvalidWorker(DBWorkerError, ImproperlyConfigured):
+    """A ``@worker(...)`` declaration is wrong; the message names the worker and the fix."""
+
+
+class UnknownWorker(DBWorkerError, KeyError):
+    """No worker with this name is registered.
+
+    Check the spelling, and that the app declaring it is in ``INSTALLED_APPS`` with the
+    worker in its ``workers.py`` module.
+    """
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidOutcome(DBWorkerError, TypeError):
+    """A handler returned something other than ``Finished()`` or ``Unfinished()``."""
+
+
+class HandlerTransactionError(DBWorkerError):
+    """A transactional handler committed, rolled back or closed the connection itself.
+
+    Transactional workers own their transaction: leave it alone, or declare the worker
+    with ``transactional=False`` and manage transactions yourself.
+    """
+
+
+class LeaseLost(DBWorkerError):
+    """This process no longer holds the claim: its writes were rolled back, not committed."""
+
+
+class ChildProcessDied(DBWorkerError):
+    """The process running a unit died (killed, crashed, out of memory)."""
+
+
+class SourceRowMissing(DBWorkerError):
+    """The source row of a claimed unit was deleted; its execution is removed."""

@@ -1,0 +1,87 @@
+"""``manage.py runworkers``: parse options, then hand over to the Supervisor."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_dbworker import conf
+from django_dbworker.checks import in_memory_sqlite
+from django_dbworker.exceptions import UnknownWorker
+from django_dbworker.registry import workers
+from django_dbworker.supervisor.supervisor import Options, Supervisor
+
+LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the supervisor: claim work for the registered workers and run it in child "
+        "processes until SIGTERM/SIGINT (or, with --burst, until nothing is claimable)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--worker", action="append", dest="worker_names", metavar="NAME",
+                            help="Run only this worker (repeatable; default: all workers).")
+        parser.add_argument("--concurrency", type=int, default=None,
+                            help="Child processes (default: DBWORKER['CONCURRENCY']).")
+        parser.add_argument("--burst", action="store_true",
+                            help="Exit once nothing is claimable and nothing is running.")
+        parser.add_argument("--max-tasks-per-child", type=int, default=None,
+                            help="Replace a child after it ran this many units.")
+        parser.add_argument("--grace-period", type=float, default=None,
+                            help="Seconds running units get after SIGTERM "
+                                 "(default: DBWORKER['GRACE_PERIOD']).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = conf.get()
+        if in_memory_sqlite(config.DATABASE):
+            raise CommandError(
+                f"DATABASES[{config.DATABASE!r}] is an in-memory SQLite database, which other "
+                "processes cannot see; give it a file NAME."
+            )
+        selected = self._workers(options["worker_names"])
+        concurrency = options["concurrency"] or config.CONCURRENCY
+        if concurrency < 1:
+            raise CommandError(f"--concurrency {concurrency}: give at least 1.")
+        max_tasks = options["max_tasks_per_child"] or config.MAX_TASKS_PER_CHILD
+        if max_tasks is not None and max_tasks < 1:
+            raise CommandError(f"--max-tasks-per-child {max_tasks}: give at least 1.")
+        grace = options["grace_period"]
+        grace = config.GRACE_PERIOD if grace is None else grace
+        if grace < 0:
+            raise CommandError(f"--grace-period {grace}: give 0 or more seconds.")
+        self._configure_logging(options["verbosity"])
+        supervisor = Supervisor(
+            Options(workers=selected, concurrency=concurrency, burst=options["burst"],
+                    max_tasks_per_child=max_tasks, grace_period=grace),
+            config,
+            progress=self.stdout._out if options["verbosity"] >= 1 else None,
+        )
+        code = supervisor.run()
+        if code:
+            sys.exit(code)
+
+    def _workers(self, names: list[str] | None) -> list[Any]:
+        if not names:
+            if not workers:
+                raise CommandError(
+                    "No workers are registered. Declare them with @worker in a workers.py "
+                    "module of an app in INSTALLED_APPS."
+                )
+            return list(workers.values())
+        try:
+            return [workers[name] for name in dict.fromkeys(names)]
+        except UnknownWorker as exc:
+            raise CommandError(str(exc)) from None
+
+    def _configure_logging(self, verbosity: int) -> None:
+        logger = logging.getLogger("django_dbworker")
+        logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            logger.addHandler(handler)

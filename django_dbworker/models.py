@@ -1,0 +1,122 @@
+"""Our tables: one execution per (worker, source row), and the failures of each."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class ExecutionStatus(models.TextChoices):
+    """The public status of a worker's execution on one source row."""
+
+    WORKING = "WORKING", "working"
+    UNFINISHED = "UNFINISHED", "unfinished"
+    FINISHED = "FINISHED", "finished"
+    FAILED = "FAILED", "failed"
+
+
+class State(models.TextChoices):
+    """Every value of ``Execution.state``: the public statuses plus PENDING.
+
+    A PENDING execution is a unit waiting for its first claim; to users it has no status
+    (``execution_status()`` answers ``None``), exactly like a row nobody has seen yet.
+    """
+
+    PENDING = "PENDING", "pending"
+    WORKING = "WORKING", "working"
+    UNFINISHED = "UNFINISHED", "unfinished"
+    FINISHED = "FINISHED", "finished"
+    FAILED = "FAILED", "failed"
+
+
+#: States from which a unit may be claimed.
+CLAIMABLE = (State.PENDING, State.UNFINISHED)
+
+
+class Execution(models.Model):
+    """The record of one worker's work on one source row.
+
+    There is no foreign key to the source row on purpose: deleting a source row is never
+    blocked by us, and its executions are removed by a signal or by the sweep.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    worker = models.CharField(max_length=100)
+    #: The source row's primary key as the database casts it to text.
+    source_id = models.CharField(max_length=255)
+    #: The source row's primary key when it is an integer: the claim order of pk-ordered
+    #: workers, served by the claim index.
+    sort_key = models.BigIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    #: Times this unit's process died or its lease expired while it ran.
+    crashes = models.PositiveIntegerField(default=0)
+    #: The unit may not be claimed before this instant (``Unfinished(delay=...)``).
+    available_at = models.DateTimeField(default=timezone.now)
+    #: Identity of the current claim; a completion must present it (fencing).
+    token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    supervisor_id = models.UUIDField(null=True, blank=True)
+    claimed_host = models.CharField(max_length=255, blank=True, default="")
+    claimed_pid = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["worker", "source_id"], name="dbworker_execution_unique_unit"
+            ),
+        ]
+        indexes = [
+            # Serves the claim query exactly: only units waiting to be claimed are in it,
+            # so its size follows the pending work, never the finished history.
+            models.Index(
+                fields=["worker", "sort_key", "source_id"],
+                name="dbworker_execution_claimable",
+                condition=Q(state__in=CLAIMABLE),
+            ),
+            # Serves the reaper (expired leases) and lease renewal.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="dbworker_execution_working",
+                condition=Q(state=State.WORKING),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.worker}[{self.source_id}] {self.state}"
+
+    @property
+    def status(self) -> ExecutionStatus | None:
+        return None if self.state == State.PENDING else ExecutionStatus(self.state)
+
+
+class Failure(models.Model):
+    """One failed attempt of an execution: the data a person needs to fix it."""
+
+    id = models.BigAutoField(primary_key=True)
+    execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="failures")
+    attempt = models.PositiveIntegerField()
+    #: Dotted path of the exception class, e.g. ``builtins.ValueError``.
+    exception_class = models.CharField(max_length=255)
+    message = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    occurred_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.exception_class}: {self.message[:80]}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "attempt": self.attempt,
+            "exception_class": self.exception_class,
+            "message": self.message,
+            "traceback": self.traceback,
+            "occurred_at": self.occurred_at,
+        }

@@ -1,0 +1,246 @@
+"""The ``@worker`` decorator, the ``Worker`` it returns, and the registry of workers."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+from django.db.models.query import QuerySet
+
+from .exceptions import InvalidWorker, UnknownWorker
+
+if TYPE_CHECKING:
+    from .context import Context
+    from .outcomes import Outcome
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+MAX_NAME_LENGTH = 100
+
+type Eligible = QuerySet[Any] | Callable[[], QuerySet[Any]]
+type Handler = Callable[..., Outcome]
+
+
+class Worker:
+    """A registered handler over a source model. Calling it calls the handler."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        name: str,
+        source: type[models.Model],
+        eligible: Eligible | None,
+        concurrency: int,
+        transactional: bool,
+    ) -> None:
+        self.handler = handler
+        self.name = name
+        self.source = source
+        self._eligible = eligible
+        self.concurrency = concurrency
+        self.transactional = transactional
+        self.takes_context = _count_parameters(name, handler) == 2
+        self.__doc__ = handler.__doc__
+        self.__wrapped__ = handler
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} over {self.source._meta.label}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Outcome:
+        return self.handler(*args, **kwargs)
+
+    def eligible_queryset(self) -> QuerySet[Any]:
+        """A fresh queryset of the rows that may be claimed next, in claim order."""
+        eligible = self._eligible
+        if eligible is None:
+            return self.source._default_manager.all()
+        qs = eligible() if callable(eligible) and not isinstance(eligible, QuerySet) else eligible
+        _check_queryset(self.name, self.source, qs)
+        return qs.all()
+
+    def state(self, pk: Any) -> dict[str, Any]:
+        """Everything known of this worker's execution on the row with primary key ``pk``."""
+        from .status import execution_state
+
+        return execution_state(self, pk)
+
+    def reset_failed(self, pk: Any) -> bool:
+        """Put a FAILED execution back to UNFINISHED; True if one was reset."""
+        from .claims import store
+
+        return store.reset_failed(self, pk)
+
+
+class Registry(Mapping[str, Worker]):
+    """All registered workers by name; ``registry["x"]`` raises UnknownWorker naming ``x``."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, Worker] = {}
+
+    def __getitem__(self, name: str) -> Worker:
+        try:
+            return self._workers[name]
+        except KeyError:
+            known = ", ".join(sorted(self._workers)) or "none"
+            raise UnknownWorker(
+                f"No worker named {name!r} is registered (registered workers: {known}). "
+                "Declare it with @worker in a workers.py module of an installed app."
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._workers)
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def add(self, worker: Worker) -> None:
+        existing = self._workers.get(worker.name)
+        if existing is not None and existing.handler is not worker.handler:
+            raise InvalidWorker(
+                f"Worker name {worker.name!r} is used twice: by "
+                f"{_where(existing.handler)} and by {_where(worker.handler)}. "
+                "Give one of them another name=."
+            )
+        self._workers[worker.name] = worker
+
+    def remove(self, name: str) -> None:
+        self._workers.pop(name, None)
+
+    def for_model(self, model: type[models.Model]) -> list[Worker]:
+        concrete = model._meta.concrete_model
+        return [w for w in self._workers.values() if w.source._meta.concrete_model is concrete]
+
+
+workers = Registry()
+
+
+def worker(
+    function: Handler | None = None,
+    *,
+    source: type[models.Model],
+    name: str | None = None,
+    eligible: Eligible | None = None,
+    concurrency: int = 1,
+    transactional: bool = True,
+) -> Any:
+    """Register a handler that processes every eligible row of ``source`` once.
+
+    ``eligible`` is a QuerySet of ``source`` (or a callable returning one) saying which rows
+    may be claimed next, and in what order. ``concurrency`` caps how many units of this
+    worker one supervisor runs at once.
+    """
+
+    def decorate(handler: Handler) -> Worker:
+        worker_name = handler.__name__ if name is None else name
+        _validate(worker_name, handler, source, eligible, concurrency, transactional)
+        registered = Worker(
+            handler,
+            name=worker_name,
+            source=source,
+            eligible=eligible,
+            concurrency=concurrency,
+            transactional=transactional,
+        )
+        workers.add(registered)
+        return registered
+
+    if function is not None:
+        return decorate(function)
+    return decorate
+
+
+def _where(handler: Callable[..., Any]) -> str:
+    return f"{handler.__module__}.{handler.__qualname__}"
+
+
+def _validate(
+    name: Any,
+    handler: Handler,
+    source: Any,
+    eligible: Any,
+    concurrency: Any,
+    transactional: Any,
+) -> None:
+    label = f"@worker {name!r} ({_where(handler)})"
+    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > MAX_NAME_LENGTH:
+        raise InvalidWorker(
+            f"{label}: the name must match ^[a-z][a-z0-9_]*$ and be at most "
+            f"{MAX_NAME_LENGTH} characters; pass name= with, e.g., 'make_thumbnail'."
+        )
+    if not callable(handler):
+        raise InvalidWorker(f"{label}: the decorated object is not callable.")
+    if not (isinstance(source, type) and issubclass(source, models.Model)):
+        raise InvalidWorker(f"{label}: source= must be a model class, not {source!r}.")
+    if source._meta.abstract:
+        raise InvalidWorker(f"{label}: source={source.__name__} is abstract; use a concrete model.")
+    pk = source._meta.pk
+    if pk is None or isinstance(pk, models.CompositePrimaryKey):
+        raise InvalidWorker(
+            f"{label}: source={source._meta.label} has no single-column primary key; "
+            "row-as-queue workers need one (add an id field or a unique pk column)."
+        )
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise InvalidWorker(
+            f"{label}: concurrency={concurrency!r} must be an integer >= 1."
+        )
+    if not isinstance(transactional, bool):
+        raise InvalidWorker(f"{label}: transactional={transactional!r} must be True or False.")
+    if eligible is not None:
+        if isinstance(eligible, QuerySet):
+            _check_queryset(name, source, eligible)
+        elif not callable(eligible):
+            raise InvalidWorker(
+                f"{label}: eligible= must be a QuerySet of {source._meta.label} or a "
+                f"callable returning one, not {type(eligible).__name__}."
+            )
+    _count_parameters(name, handler)
+
+
+def _check_queryset(name: str, source: type[models.Model], qs: Any) -> None:
+    if not isinstance(qs, QuerySet):
+        raise InvalidWorker(
+            f"@worker {name!r}: eligible returned {type(qs).__name__}; it must give a "
+            f"QuerySet of {source._meta.label}."
+        )
+    if qs.model._meta.concrete_model is not source._meta.concrete_model:
+        raise InvalidWorker(
+            f"@worker {name!r}: eligible is a QuerySet of {qs.model._meta.label}, but the "
+            f"worker's source is {source._meta.label}; filter {source.__name__}.objects instead."
+        )
+    if qs.query.is_sliced:
+        raise InvalidWorker(
+            f"@worker {name!r}: eligible is sliced; remove the slice (claims take as many "
+            "rows as there are free slots)."
+        )
+    if qs.query.combinator:
+        raise InvalidWorker(
+            f"@worker {name!r}: eligible uses {qs.query.combinator}(); express it with "
+            "filter()/Q objects instead."
+        )
+    if qs.query.distinct_fields or qs.query.values_select:
+        raise InvalidWorker(
+            f"@worker {name!r}: eligible must be a plain QuerySet of model instances "
+            "(no values(), values_list() or distinct(fields))."
+        )
+
+
+def _count_parameters(name: str, handler: Callable[..., Any]) -> int:
+    try:
+        params = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError):
+        return 1
+    positional = [
+        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    required = [p for p in positional if p.default is p.empty]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return 2
+    if len(required) > 2 or not positional or len(positional) > 2 and len(required) > 2:
+        raise InvalidWorker(
+            f"@worker {name!r} ({_where(handler)}): the handler must take (source) or "
+            f"(source, context); it takes ({', '.join(p.name for p in params)})."
+        )
+    return 2 if len(positional) >= 2 else 1

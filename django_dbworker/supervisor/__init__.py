@@ -1,0 +1,1 @@
+"""The ``runworkers`` process model: one supervisor, its children, signals and wake-ups."""

@@ -1,0 +1,57 @@
+"""A child process: receives claims over a pipe, runs them, reports results."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from multiprocessing.connection import Connection
+
+from django.db import DatabaseError, connections
+
+from .. import runner
+from ..db import use_immediate_transactions
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to kill us when the supervisor dies, so no orphan keeps running units."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int) -> None:
+    signal.set_wakeup_fd(-1)
+    # The supervisor decides when we stop; a terminal's Ctrl-C or a group SIGTERM does not.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
+    use_immediate_transactions(using)
+    done = 0
+    try:
+        while True:
+            try:
+                claim = pipe.recv()
+            except (EOFError, OSError):
+                return
+            if claim is None:
+                return
+            try:
+                result = runner.run(claim)
+            except DatabaseError as exc:
+                connections[using].close()
+                pipe.send(("db_error", claim.execution_id, str(exc)))
+                continue
+            pipe.send(("result", result))
+            done += 1
+            if max_tasks and done >= max_tasks:
+                pipe.send(("retire",))
+                return
+    finally:
+        connections.close_all()

@@ -1,0 +1,60 @@
+"""Counts of what the supervisor's children did, and the progress line shown to people."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TextIO
+
+
+class Progress:
+    def __init__(self, stream: TextIO | None, interval: float = 1.0) -> None:
+        self.stream = stream
+        self.tty = bool(stream and getattr(stream, "isatty", lambda: False)())
+        self.interval = interval if self.tty else max(interval, 5.0)
+        self.counts: Counter[str] = Counter()
+        self.started = time.monotonic()
+        self._shown_at = 0.0
+        self._shown: tuple[int, ...] = ()
+
+    def add(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+
+    @property
+    def done(self) -> int:
+        return sum(self.counts.values())
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        c = self.counts
+        parts = [
+            f"{self.done} units",
+            f"finished {c['finished']}",
+            f"unfinished {c['unfinished']}",
+            f"failed {c['failed']}",
+        ]
+        if c["lease_lost"] or c["crashed"]:
+            parts.append(f"lost {c['lease_lost'] + c['crashed']}")
+        return ", ".join(parts) + f" | {self.done / elapsed:.1f}/s"
+
+    def show(self, force: bool = False) -> None:
+        if self.stream is None:
+            return
+        now = time.monotonic()
+        snapshot = tuple(sorted(self.counts.items()))
+        if not force and (now - self._shown_at < self.interval or snapshot == self._shown):
+            return
+        self._shown_at, self._shown = now, snapshot
+        if self.tty:
+            self.stream.write("\r\033[K" + self.line())
+        else:
+            self.stream.write(self.line() + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is None:
+            return
+        if self.tty:
+            self.stream.write("\r\033[K")
+        self.stream.write(self.line() + "\n")
+        self.stream.flush()

@@ -1,0 +1,143 @@
+"""Database selection, PostgreSQL reachability, and helpers to start real runworkers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"dbworker test database: {os.environ.get('DBWORKER_TEST_DB', 'sqlite')}"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.environ.get("DBWORKER_TEST_DB") != "postgres":
+        return
+    import psycopg
+
+    try:
+        psycopg.connect(
+            host=os.environ.get("PGHOST", "127.0.0.1"),
+            port=os.environ.get("PGPORT", "5432"),
+            user=os.environ.get("PGUSER", "postgres"),
+            dbname="postgres",
+            connect_timeout=5,
+        ).close()
+    except psycopg.OperationalError as exc:
+        message = (
+            "\n" + "!" * 78 + "\nPostgreSQL is NOT reachable; the PostgreSQL half of the "
+            f"suite cannot run:\n{exc}\n" + "!" * 78
+        )
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.exit(message + "\nUnder CI this is a failure.", returncode=3)
+        print(message, file=sys.stderr)
+        session.config.dbworker_skip_postgres = True  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config, "dbworker_skip_postgres", False):
+        skip = pytest.mark.skip(reason="PostgreSQL is not reachable (see the banner above)")
+        for item in items:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def vendor(db: None) -> str:
+    from django.db import connection
+
+    return connection.vendor
+
+
+class Runworkers:
+    """A real ``runworkers`` process against the test database."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = log.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "django", "runworkers", "--settings=tests.settings", *args],
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def signal_group(self, signum: int) -> None:
+        os.killpg(self.process.pid, signum)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"runworkers did not exit within {timeout}s; output:\n{self.output()}"
+            ) from None
+
+    def children(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def runworkers(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., Runworkers]]:
+    from django.db import connection
+
+    started: list[Runworkers] = []
+    env = {
+        **os.environ,
+        "DBWORKER_TEST_DB_NAME": connection.settings_dict["NAME"],
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+    def start(*args: str, lease: float | None = None) -> Runworkers:
+        run_env = dict(env)
+        if lease is not None:
+            run_env["DBWORKER_TEST_LEASE"] = str(lease)
+        process = Runworkers(list(args), run_env, tmp_path / f"runworkers-{len(started)}.log")
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+    connection.close()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30, what: str = "") -> object:
+    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(0.05)

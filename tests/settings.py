@@ -1,0 +1,59 @@
+"""Settings for our own test suite: DBWORKER_TEST_DB=sqlite (default) or postgres."""
+
+import os
+import tempfile
+from pathlib import Path
+
+BASE = Path(__file__).resolve().parent
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django_dbworker",
+    "tests.testapp",
+]
+DB = os.environ.get("DBWORKER_TEST_DB", "sqlite")
+# Subprocesses started by the tests use the test database the suite created.
+TEST_DB_NAME = os.environ.get("DBWORKER_TEST_DB_NAME")
+
+if DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": TEST_DB_NAME or "dbworker",
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "TEST": {"NAME": f"test_dbworker_{os.getpid()}"},
+        }
+    }
+elif DB == "sqlite":
+    folder = Path(os.environ.get("DBWORKER_TEST_DIR") or tempfile.gettempdir())
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": TEST_DB_NAME or str(folder / "dbworker.sqlite3"),
+            "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+            "TEST": {"NAME": str(folder / f"test_dbworker_{os.getpid()}.sqlite3")},
+        }
+    }
+else:
+    raise RuntimeError(f"DBWORKER_TEST_DB={DB!r}: use 'sqlite' or 'postgres'.")
+
+DBWORKER = {
+    "LEASE_SECONDS": float(os.environ.get("DBWORKER_TEST_LEASE", "30")),
+    "POLL_INTERVAL": 0.1,
+    "GRACE_PERIOD": 10.0,
+    "SWEEP_INTERVAL": 2.0,
+    "CONCURRENCY": 2,
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_dbworker": {"handlers": ["stderr"], "level": "INFO"}},
+}

@@ -1,0 +1,34 @@
+import uuid
+
+from django.db import models
+
+
+class Item(models.Model):
+    """A source row whose ``action`` tells the test handlers what to do."""
+
+    kind = models.CharField(max_length=20, default="touch")
+    action = models.CharField(max_length=100, default="ok")
+    enabled = models.BooleanField(default=True)
+    rank = models.IntegerField(default=0)
+    steps = models.IntegerField(default=0)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class Effect(models.Model):
+    """Written by handlers inside their transaction: one row per committed run."""
+
+    item_id = models.BigIntegerField()
+    worker = models.CharField(max_length=50)
+    pid = models.IntegerField(default=0)
+    note = models.CharField(max_length=100, blank=True, default="")
+
+
+class Document(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    title = models.CharField(max_length=50)
+
+
+class Tag(models.Model):
+    code = models.CharField(max_length=20, primary_key=True)

@@ -1,0 +1,86 @@
+"""Workers the tests drive through their source rows' fields."""
+
+import os
+import signal
+import time
+
+from django.db import connection, transaction
+
+from django_dbworker import ExecutionStatus, Finished, Unfinished, has_execution_status, worker
+
+from .models import Document, Effect, Item, Tag
+
+
+def _act(item, name, context=None):
+    Effect.objects.create(item_id=item.pk, worker=name, pid=os.getpid())
+    action = item.action
+    if action == "ok":
+        return Finished()
+    if action.startswith("sleep:"):
+        time.sleep(float(action.split(":")[1]))
+        return Finished()
+    if action == "raise":
+        raise ValueError(f"item {item.pk} is broken")
+    if action == "return_str":
+        return "done"
+    if action == "commit":
+        transaction.commit()
+    if action == "raw_commit":
+        with connection.cursor() as cursor:
+            cursor.execute("COMMIT")
+        return Finished()
+    if action == "close":
+        connection.close()
+        return Finished()
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "exit":
+        raise SystemExit(3)
+    if action.startswith("steps:"):
+        total = int(action.split(":")[1])
+        Item.objects.filter(pk=item.pk).update(steps=item.steps + 1)
+        return Finished() if item.steps + 1 >= total else Unfinished()
+    if action == "wait":
+        return Unfinished(delay=3600)
+    if action == "delete_self":
+        Item.objects.filter(pk=item.pk).delete()
+        return Finished()
+    raise AssertionError(f"unknown action {action!r}")
+
+
+@worker(source=Item, eligible=lambda: Item.objects.filter(kind="touch", enabled=True),
+        concurrency=4)
+def touch(item):
+    return _act(item, "touch")
+
+
+@worker(
+    source=Item,
+    eligible=lambda: Item.objects.filter(kind="touch").filter(
+        has_execution_status(worker="touch", statuses=[ExecutionStatus.FINISHED])
+    ),
+)
+def after_touch(item, context):
+    Effect.objects.create(item_id=item.pk, worker="after_touch", note=str(context.attempt))
+    return Finished()
+
+
+@worker(source=Item, eligible=lambda: Item.objects.filter(kind="ranked").order_by("-rank"))
+def ranked(item):
+    Effect.objects.create(item_id=item.pk, worker="ranked", note=str(item.rank))
+    return Finished()
+
+
+@worker(source=Item, eligible=Item.objects.filter(kind="loose"), transactional=False)
+def loose(item):
+    return _act(item, "loose")
+
+
+@worker(source=Document)
+def read_document(document):
+    return Finished() if document.title != "bad" else Unfinished(delay=3600)
+
+
+@worker(source=Tag, eligible=lambda: Tag.objects.order_by("-code"))
+def tag(tag):
+    return Finished()
