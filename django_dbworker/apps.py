@@ -12,8 +12,10 @@ class DBWorkerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the system checks
-        from . import conf
+        from . import (
+            checks,  # noqa: F401 - registers the system checks
+            conf,
+        )
         from .claims import pending
         from .db import on_connection_created
 

@@ -55,7 +55,7 @@ def check_workers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     for worker in workers.values():
         try:
             worker.eligible_queryset()
-        except Exception as exc:  # noqa: BLE001 - report whatever the user's callable raised
+        except Exception as exc:
             errors.append(Error(
                 f"Worker {worker.name!r}: its eligible queryset cannot be built: {exc}",
                 hint="eligible= must be a QuerySet of the source model or a callable "

@@ -13,7 +13,6 @@ from django.db.models.query import QuerySet
 from .exceptions import InvalidWorker, UnknownWorker
 
 if TYPE_CHECKING:
-    from .context import Context
     from .outcomes import Outcome
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -238,7 +237,7 @@ def _count_parameters(name: str, handler: Callable[..., Any]) -> int:
     required = [p for p in positional if p.default is p.empty]
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return 2
-    if len(required) > 2 or not positional or len(positional) > 2 and len(required) > 2:
+    if len(required) > 2 or not positional or (len(positional) > 2 and len(required) > 2):
         raise InvalidWorker(
             f"@worker {name!r} ({_where(handler)}): the handler must take (source) or "
             f"(source, context); it takes ({', '.join(p.name for p in params)})."

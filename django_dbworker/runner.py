@@ -17,7 +17,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.transaction import TransactionManagementError
 
 from . import conf, keys
-from .claims import store
+from .claims import pending, store
 from .claims.store import Claim, FailureInfo
 from .context import Context
 from .exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
@@ -47,6 +47,7 @@ def run(c: Claim) -> Result:
     """Run the handler for ``c`` and record its outcome; never raises for handler errors."""
     started = time.monotonic()
     worker = workers[c.worker]
+    token = pending.running.set(pending.Running(c.execution_id, c.worker, c.source_key))
     try:
         if worker.transactional:
             outcome = _run_in_transaction(worker, c)
@@ -61,8 +62,10 @@ def run(c: Claim) -> Result:
         if _connection_broken(exc):
             raise  # the database is unreachable: the caller reconnects; the lease expires
         return _record_failure(c, exc, started)
-    except BaseException as exc:  # noqa: BLE001 - any handler failure is data
+    except BaseException as exc:
         return _record_failure(c, exc, started)
+    finally:
+        pending.running.reset(token)
     return _result(c, outcome, started)
 
 
@@ -116,17 +119,26 @@ def _run_in_transaction(worker: Worker, c: Claim) -> str:
                 "through a cursor); writes before that point were committed without the "
                 "status. Use transactional=False to manage transactions yourself."
             )
-        if not store.complete(c, outcome):
+        return _record(worker, c, outcome)
+
+
+def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished) -> str:
+    """Write the outcome, guarded by the claim's token; raise LeaseLost if it is not ours."""
+    current = pending.running.get()
+    if current is not None and current.deleted:
+        if not store.forget(c):
             raise LeaseLost(_lost(worker, c))
+        return GONE
+    if not store.complete(c, outcome):
+        raise LeaseLost(_lost(worker, c))
     return FINISHED if isinstance(outcome, Finished) else UNFINISHED
 
 
 def _run_then_record(worker: Worker, c: Claim) -> str:
     using = conf.get().DATABASE
     outcome = _call(worker, c, using)
-    if not store.complete(c, outcome):
-        raise LeaseLost(_lost(worker, c))
-    return FINISHED if isinstance(outcome, Finished) else UNFINISHED
+    with transaction.atomic(using=using):
+        return _record(worker, c, outcome)
 
 
 def _marker(using: str) -> Any:

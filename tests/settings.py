@@ -41,6 +41,8 @@ elif DB == "sqlite":
             "TEST": {"NAME": str(folder / f"test_dbworker_{os.getpid()}.sqlite3")},
         }
     }
+elif DB == "memory":  # only for the tests that prove an in-memory database is refused
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 else:
     raise RuntimeError(f"DBWORKER_TEST_DB={DB!r}: use 'sqlite' or 'postgres'.")
 

@@ -9,6 +9,8 @@ row removes its executions (``post_delete``); the sweep removes any that slip th
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import models
@@ -18,6 +20,19 @@ from django.utils import timezone
 from .. import conf, keys
 from ..models import Execution, State
 from ..registry import Worker, workers
+
+
+@dataclass
+class Running:
+    """The unit this process is running, so a handler may delete its own source row."""
+
+    execution_id: int
+    worker: str
+    source_key: str
+    deleted: bool = False
+
+
+running: ContextVar[Running | None] = ContextVar("dbworker_running", default=None)
 
 
 def add(worker: Worker, pks: Iterable[Any], using: str) -> int:
@@ -56,9 +71,16 @@ def on_delete(sender: type[models.Model], instance: models.Model, using: str,
     if not interested or using != conf.get().DATABASE or instance.pk is None:
         return
     key = keys.to_key(sender, instance.pk, using)
-    Execution.objects.using(using).filter(
+    executions = Execution.objects.using(using).filter(
         worker__in=[w.name for w in interested], source_id=key
-    ).delete()
+    )
+    current = running.get()
+    if current is not None and current.source_key == key:
+        # The running handler deletes its own row: the runner removes the execution
+        # when it completes, still guarded by the claim's token.
+        current.deleted = True
+        executions = executions.exclude(id=current.execution_id)
+    executions.delete()
 
 
 class Sweeper:

@@ -81,36 +81,56 @@ def _prep(name: str, value: Any, using: str) -> Any:
     return Execution._meta.get_field(name).get_db_prep_save(value, connections[using])
 
 
+def claim_sql(
+    worker: Worker,
+    limit: int,
+    claimant: Claimant,
+    *,
+    token: uuid.UUID,
+    now: datetime,
+    expires: datetime,
+) -> tuple[str, list[Any]]:
+    """The claim statement and its parameters, without running it (``EXPLAIN`` it in tests).
+
+    Call it inside a transaction: the candidate subquery is ``SELECT ... FOR UPDATE``.
+    """
+    using = _alias()
+    connection = connections[using]
+    table = connection.ops.quote_name(Execution._meta.db_table)
+    inner = candidates(worker, now, using).values("id")[:limit]
+    if connection.features.has_select_for_update_skip_locked:
+        inner = inner.select_for_update(skip_locked=True, of=("self",))
+    inner_sql, inner_params = inner.query.get_compiler(using).as_sql()
+    sql = (
+        f"UPDATE {table} SET state = %s, token = %s, supervisor_id = %s, "
+        "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
+        "started_at = %s, finished_at = NULL, lease_expires_at = %s "
+        f"WHERE id IN ({inner_sql}) RETURNING id, source_id, attempts"
+    )
+    params = [
+        State.WORKING,
+        _prep("token", token, using),
+        _prep("supervisor_id", claimant.supervisor_id, using),
+        claimant.host,
+        claimant.pid,
+        _prep("started_at", now, using),
+        _prep("lease_expires_at", expires, using),
+        *inner_params,
+    ]
+    return sql, params
+
+
 def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[Claim]:
     """Claim up to ``limit`` units of ``worker`` in one statement; commit before returning."""
     using = _alias()
-    connection = connections[using]
     now = timezone.now()
     expires = now + timedelta(seconds=lease)
     token = uuid.uuid4()
-    table = connection.ops.quote_name(Execution._meta.db_table)
     with transaction.atomic(using=using):
-        inner = candidates(worker, now, using).values("id")[:limit]
-        if connection.features.has_select_for_update_skip_locked:
-            inner = inner.select_for_update(skip_locked=True, of=("self",))
-        inner_sql, inner_params = inner.query.get_compiler(using).as_sql()
-        sql = (
-            f"UPDATE {table} SET state = %s, token = %s, supervisor_id = %s, "
-            "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
-            "started_at = %s, finished_at = NULL, lease_expires_at = %s "
-            f"WHERE id IN ({inner_sql}) RETURNING id, source_id, attempts"
+        sql, params = claim_sql(
+            worker, limit, claimant, token=token, now=now, expires=expires
         )
-        params = [
-            State.WORKING,
-            _prep("token", token, using),
-            _prep("supervisor_id", claimant.supervisor_id, using),
-            claimant.host,
-            claimant.pid,
-            _prep("started_at", now, using),
-            _prep("lease_expires_at", expires, using),
-            *inner_params,
-        ]
-        with connection.cursor() as cursor:
+        with connections[using].cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
     return [Claim(row[0], worker.name, row[1], token, row[2], expires) for row in rows]
@@ -216,7 +236,7 @@ def reap(max_crashes: int) -> int:
     )
     rows = list(expired.values_list("id", "attempts", "crashes", "token")[:1000])
     reaped = 0
-    for execution_id, attempt, crashes, token in rows:
+    for execution_id, attempt, _crashes, token in rows:
         c = Claim(execution_id, "", "", token, attempt, now)
         info = FailureInfo(
             "django_dbworker.exceptions.LeaseLost",

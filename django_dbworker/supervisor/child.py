@@ -48,10 +48,11 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int) -
                 connections[using].close()
                 pipe.send(("db_error", claim.execution_id, str(exc)))
                 continue
-            pipe.send(("result", result))
             done += 1
-            if max_tasks and done >= max_tasks:
-                pipe.send(("retire",))
+            retiring = bool(max_tasks and done >= max_tasks)
+            # One message: the supervisor must learn we retire before it sees us idle.
+            pipe.send(("result", result, retiring))
+            if retiring:
                 return
     finally:
         connections.close_all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -53,17 +54,13 @@ class Child:
     def ask_to_stop(self) -> None:
         if not self.stopping:
             self.stopping = True
-            try:
+            with contextlib.suppress(OSError):
                 self.pipe.send(None)
-            except OSError:
-                pass
 
     def kill(self) -> None:
         if self.process.pid and self.process.exitcode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.process.join(5)
 
 

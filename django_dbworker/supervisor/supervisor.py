@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -24,6 +25,8 @@ from .pool import Child, describe_exit
 from .progress import Progress
 
 CHILD_DIED = "django_dbworker.exceptions.ChildProcessDied"
+#: Seconds a worker whose claim or sweep raised is left alone before it is tried again.
+BROKEN_WORKER_PAUSE = 30.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +54,7 @@ class Supervisor:
         self._rotation = 0
         self._next = {"renew": 0.0, "reap": 0.0, "sweep": 0.0}
         self._backoff = 0.0
+        self._broken: dict[str, float] = {}
         self._wake_r, self._wake_w = socket.socketpair()
 
     # ----- life cycle ---------------------------------------------------------------
@@ -64,7 +68,6 @@ class Supervisor:
                   concurrency=self.options.concurrency, burst=self.options.burst)
         for slot in range(self.options.concurrency):
             self.children.append(self._start_child(slot))
-        self._sweep_everything()
         try:
             code = self._loop()
         finally:
@@ -97,7 +100,7 @@ class Supervisor:
                 self._database_down(exc)
             if (self.options.burst and not stopping and claimed == 0 and not self._busy()
                     and not self.sweeping and self._backoff == 0.0):
-                return 0
+                return self._burst_done()
             self.progress.show()
             room = any(ch.claim is None for ch in self.children)
             timeout = 0.0 if claimed and room else self._idle_timeout()
@@ -123,9 +126,14 @@ class Supervisor:
         claimed = 0
         for worker in workers[start:] + workers[:start]:
             room = min(len(idle), worker.concurrency - running.get(worker.name, 0))
-            if room <= 0:
+            if room <= 0 or self._broken.get(worker.name, 0.0) > time.monotonic():
                 continue
-            for c in store.claim(worker, room, self.claimant, self.config.LEASE_SECONDS):
+            try:
+                claims = store.claim(worker, room, self.claimant, self.config.LEASE_SECONDS)
+            except Exception as exc:
+                self._worker_broken(worker, exc)
+                continue
+            for c in claims:
                 child = idle.pop()
                 log_event(logging.DEBUG, "claimed", worker=c.worker, execution=c.execution_id,
                           source=c.source_key, attempt=c.attempt, child=child.pid)
@@ -138,6 +146,33 @@ class Supervisor:
             if not idle:
                 break
         return claimed
+
+    def _burst_done(self) -> int:
+        if self._broken:
+            log_event(logging.ERROR, "burst_incomplete", workers=",".join(sorted(self._broken)),
+                      reason="their claims or sweeps failed; see claim_failed above")
+            return 1
+        return 0
+
+    def _worker_broken(self, worker: Worker, exc: Exception) -> None:
+        """A claim failed: a lost connection stops everything; anything else only this worker.
+
+        A worker whose eligible queryset raises (a typo, a missing table) is skipped for a
+        while and logged, so the other workers keep flowing.
+        """
+        if isinstance(exc, DatabaseError) and not self._connection_usable():
+            raise exc
+        log_event(logging.ERROR, "claim_failed", worker=worker.name,
+                  error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+                  retry_in=BROKEN_WORKER_PAUSE)
+        self._broken[worker.name] = time.monotonic() + BROKEN_WORKER_PAUSE
+
+    def _connection_usable(self) -> bool:
+        connection = connections[self.using]
+        try:
+            return connection.connection is not None and connection.is_usable()
+        except DatabaseError:
+            return False
 
     # ----- periodic work --------------------------------------------------------------
 
@@ -159,23 +194,18 @@ class Supervisor:
             self.sweeping = set(range(len(self.sweepers)))
             self._next["sweep"] = now + self.config.SWEEP_INTERVAL
         for i in list(self.sweeping):
-            added, done = self.sweepers[i].step()
-            if done:
-                self.sweeping.discard(i)
-
-    def _sweep_everything(self) -> None:
-        for sweeper in self.sweepers:
-            while True:
-                try:
-                    added = sweeper.sweep_all()
-                    break
-                except DatabaseError as exc:
-                    self._database_down(exc)
-                    if self.stop_requested_at is not None:
-                        return
+            sweeper = self.sweepers[i]
+            if self._broken.get(sweeper.worker.name, 0.0) > now:
+                continue
+            try:
+                _added, done = sweeper.step()
+            except Exception as exc:
+                self._worker_broken(sweeper.worker, exc)
+                continue
             if added:
                 log_event(logging.INFO, "swept", worker=sweeper.worker.name, added=added)
-        self._next["sweep"] = time.monotonic() + self.config.SWEEP_INTERVAL
+            if done:
+                self.sweeping.discard(i)
 
     def _retry_releases(self) -> None:
         while self.retry_release:
@@ -187,10 +217,8 @@ class Supervisor:
         self._backoff = min(max(self._backoff * 2, 0.5), 30.0)
         log_event(logging.WARNING, "database_error", error=str(exc).strip()[:300],
                   retry_in=self._backoff)
-        try:
+        with contextlib.suppress(DatabaseError):
             connections[self.using].close()
-        except DatabaseError:
-            pass
         self._wait(self._backoff)
 
     def _idle_timeout(self) -> float:
@@ -211,10 +239,8 @@ class Supervisor:
             handles += [ch.pipe, ch.process.sentinel]
         ready = wait(handles, timeout)
         if self._wake_r in ready:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 self._wake_r.recv(4096)
-            except BlockingIOError:
-                pass
         for ch in list(self.children):
             if ch.pipe in ready:
                 self._read(ch)
@@ -243,6 +269,7 @@ class Supervisor:
         kind = message[0]
         if kind == "result":
             ch.claim = None
+            ch.retiring = ch.retiring or message[2]
             self.progress.add(message[1].outcome)
             if self.stop_requested_at is not None:
                 ch.ask_to_stop()
@@ -252,8 +279,6 @@ class Supervisor:
                       execution=message[1], error=message[2][:300])
             if c is not None:
                 self.retry_release.append((c, None))
-        elif kind == "retire":
-            ch.retiring = True
 
     def _child_exited(self, ch: Child) -> None:
         self.children.remove(ch)

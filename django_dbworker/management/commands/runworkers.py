@@ -44,16 +44,19 @@ class Command(BaseCommand):
                 "processes cannot see; give it a file NAME."
             )
         selected = self._workers(options["worker_names"])
-        concurrency = options["concurrency"] or config.CONCURRENCY
+        concurrency = options["concurrency"]
+        concurrency = config.CONCURRENCY if concurrency is None else concurrency
         if concurrency < 1:
             raise CommandError(f"--concurrency {concurrency}: give at least 1.")
-        max_tasks = options["max_tasks_per_child"] or config.MAX_TASKS_PER_CHILD
+        max_tasks = options["max_tasks_per_child"]
+        max_tasks = config.MAX_TASKS_PER_CHILD if max_tasks is None else max_tasks
         if max_tasks is not None and max_tasks < 1:
             raise CommandError(f"--max-tasks-per-child {max_tasks}: give at least 1.")
         grace = options["grace_period"]
         grace = config.GRACE_PERIOD if grace is None else grace
         if grace < 0:
             raise CommandError(f"--grace-period {grace}: give 0 or more seconds.")
+        self._check_migrations(config.DATABASE)
         self._configure_logging(options["verbosity"])
         supervisor = Supervisor(
             Options(workers=selected, concurrency=concurrency, burst=options["burst"],
@@ -77,6 +80,22 @@ class Command(BaseCommand):
             return [workers[name] for name in dict.fromkeys(names)]
         except UnknownWorker as exc:
             raise CommandError(str(exc)) from None
+
+    def _check_migrations(self, using: str) -> None:
+        from django.db import DatabaseError, connections
+        from django.db.migrations.executor import MigrationExecutor
+
+        try:
+            executor = MigrationExecutor(connections[using])
+            plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        except DatabaseError as exc:
+            raise CommandError(f"Cannot reach database {using!r}: {exc}") from exc
+        if plan:
+            apps = sorted({migration.app_label for migration, _ in plan})
+            raise CommandError(
+                f"Database {using!r} has {len(plan)} unapplied migration(s) for "
+                f"{', '.join(apps)}; run 'manage.py migrate' first."
+            )
 
     def _configure_logging(self, verbosity: int) -> None:
         logger = logging.getLogger("django_dbworker")
