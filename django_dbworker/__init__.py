@@ -10,8 +10,11 @@ __all__ = [
     "Finished",
     "Outcome",
     "Unfinished",
+    "cancel",
+    "cron",
     "execution_status",
     "has_execution_status",
+    "set_progress",
     "worker",
     "workers",
 ]
@@ -20,11 +23,17 @@ from .context import Context
 from .outcomes import Finished, Outcome, Unfinished
 
 if TYPE_CHECKING:
+    from .claims.taskstore import cancel
     from .models import ExecutionStatus
+    from .progress import set_progress
     from .registry import worker, workers
+    from .scheduling import cron
     from .status import execution_status, has_execution_status
 
 _LAZY = {
+    "cancel": ("claims.taskstore", "cancel"),
+    "cron": ("scheduling", "cron"),
+    "set_progress": ("progress", "set_progress"),
     "ExecutionStatus": ("models", "ExecutionStatus"),
     "worker": ("registry", "worker"),
     "workers": ("registry", "workers"),

@@ -17,9 +17,10 @@ class DBWorkerConfig(AppConfig):
             conf,
         )
         from .claims import pending
-        from .db import on_connection_created
+        from .db import answer_json_probe, on_connection_created
 
-        conf.load()  # bad settings fail at start-up, naming the key
+        config = conf.load()  # bad settings fail at start-up, naming the key
+        answer_json_probe(config.DATABASE)
         connection_created.connect(on_connection_created, dispatch_uid="dbworker-sqlite")
         post_save.connect(pending.on_save, dispatch_uid="dbworker-pending-save")
         post_delete.connect(pending.on_delete, dispatch_uid="dbworker-pending-delete")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -32,11 +33,21 @@ class Config:
     MAX_TASKS_PER_CHILD: int | None = None
     #: Seconds a SQLite connection waits for the write lock before giving up.
     SQLITE_BUSY_TIMEOUT: float = 30.0
+    #: Largest JSON return value a task may store, in bytes; larger ones fail the task.
+    RESULT_MAX_BYTES: int = 1_000_000
+    #: Finished tasks older than this many seconds (or timedelta) are pruned; None keeps all.
+    RETENTION: float | timedelta | None = 7 * 24 * 3600.0
+    #: Start rate of all tasks together across all supervisors, e.g. "100/s"; None: no limit.
+    TASK_RATE_LIMIT: str | None = None
+    #: Cron schedules: {name: {"task": "app.tasks.f", "cron": "*/5 * * * *", ...}}.
+    SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 _NUMBERS = (int, float)
 _POSITIVE = {"LEASE_SECONDS", "POLL_INTERVAL", "SWEEP_INTERVAL", "SQLITE_BUSY_TIMEOUT"}
-_AT_LEAST_ONE = {"MAX_CRASHES", "SWEEP_BATCH", "CONCURRENCY", "MAX_TASKS_PER_CHILD"}
+_AT_LEAST_ONE = {
+    "MAX_CRASHES", "SWEEP_BATCH", "CONCURRENCY", "MAX_TASKS_PER_CHILD", "RESULT_MAX_BYTES",
+}
 
 
 def _check(key: str, value: Any) -> None:
@@ -48,7 +59,23 @@ def _check(key: str, value: Any) -> None:
                 f"({', '.join(sorted(settings.DATABASES))})."
             )
         return
-    if key == "MAX_TASKS_PER_CHILD" and value is None:
+    if key in ("MAX_TASKS_PER_CHILD", "RETENTION", "TASK_RATE_LIMIT") and value is None:
+        return
+    if key == "RETENTION" and isinstance(value, timedelta):
+        value = value.total_seconds()
+    if key == "TASK_RATE_LIMIT":
+        from .backend import parse_rate
+
+        try:
+            parse_rate(value)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{where}: {exc}") from None
+        return
+    if key == "SCHEDULES":
+        if not isinstance(value, dict):
+            raise ImproperlyConfigured(
+                f"{where} is {type(value).__name__}; it must be a dict of schedules by name."
+            )
         return
     if key in _AT_LEAST_ONE:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -56,7 +83,7 @@ def _check(key: str, value: Any) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, _NUMBERS):
         raise ImproperlyConfigured(f"{where} is {value!r}; it must be a number of seconds.")
-    if key in _POSITIVE and value <= 0:
+    if key in _POSITIVE | {"RETENTION"} and value <= 0:
         raise ImproperlyConfigured(f"{where} is {value!r}; it must be greater than 0.")
     if value < 0:
         raise ImproperlyConfigured(f"{where} is {value!r}; it must not be negative.")

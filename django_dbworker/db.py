@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from typing import Any
 
 from django.db import connections
@@ -21,6 +23,29 @@ def on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs
         cursor.execute(f"PRAGMA busy_timeout = {timeout_ms}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
+
+
+def answer_json_probe(using: str) -> None:
+    """Tell Django whether SQLite has JSON support before it asks the database.
+
+    Django probes inside ``transaction.atomic()``; under ``transaction_mode='IMMEDIATE'``
+    that BEGIN waits for the write lock, which a running transactional handler holds for its
+    whole run. The system checks of every management command (a second ``runworkers`` too)
+    would wait out the busy timeout, then call JSONField unsupported (fields.E180) and
+    refuse to start while any handler runs. The answer depends only on the SQLite library,
+    so an in-memory database gives it without touching the file.
+    """
+    connection = connections[using]
+    if connection.vendor != "sqlite" or "supports_json_field" in vars(connection.features):
+        return
+    try:
+        with closing(sqlite3.connect(":memory:")) as probe:
+            probe.execute("""SELECT JSON('{"a": "b"}')""")
+    except sqlite3.OperationalError:
+        supported = False
+    else:
+        supported = True
+    connection.features.supports_json_field = supported
 
 
 def use_immediate_transactions(using: str) -> None:

@@ -46,3 +46,19 @@ class ChildProcessDied(DBWorkerError):
 
 class SourceRowMissing(DBWorkerError):
     """The source row of a claimed unit was deleted; its execution is removed."""
+
+
+class UnknownTask(DBWorkerError):
+    """A task row names a function that is not a ``django.tasks`` task of an installed app."""
+
+
+class TaskTimeout(DBWorkerError, TimeoutError):
+    """A task ran longer than its ``timeout``; its process was stopped."""
+
+
+class TaskCancelled(DBWorkerError):
+    """A task was cancelled with ``django_dbworker.cancel()``."""
+
+
+class InvalidTaskArguments(DBWorkerError, TypeError):
+    """A task's arguments or return value cannot be stored as JSON."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -63,6 +65,8 @@ class Execution(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    progress = models.FloatField(null=True, blank=True)
+    progress_message = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -120,3 +124,93 @@ class Failure(models.Model):
             "traceback": self.traceback,
             "occurred_at": self.occurred_at,
         }
+
+
+class TaskStatus(models.TextChoices):
+    """Our status of an enqueued task; ``django_status`` maps it to Django's four."""
+
+    READY = "READY", "ready"
+    RUNNING = "RUNNING", "running"
+    #: Failed an attempt and waits for the next one (Django sees READY).
+    RETRYING = "RETRYING", "retrying"
+    SUCCESSFUL = "SUCCESSFUL", "successful"
+    FAILED = "FAILED", "failed"
+    #: Cancelled before or while it ran (Django sees FAILED).
+    CANCELLED = "CANCELLED", "cancelled"
+
+
+TASK_CLAIMABLE = (TaskStatus.READY, TaskStatus.RETRYING)
+TASK_FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+class TaskRecord(models.Model):
+    """One enqueued call of a ``django.tasks`` task: arguments, status, attempts, result."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    task_path = models.CharField(max_length=255)
+    backend = models.CharField(max_length=100, default="default")
+    queue_name = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=TaskStatus.choices,
+                              default=TaskStatus.READY)
+    #: The run_after the caller asked for, if any.
+    run_after = models.DateTimeField(null=True, blank=True)
+    #: Not claimed before this instant: run_after, or the next retry.
+    available_at = models.DateTimeField(default=timezone.now)
+    enqueued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    crashes = models.PositiveIntegerField(default=0)
+    worker_ids = models.JSONField(default=list)
+    #: One entry per failed attempt: exception_class_path, message, traceback, attempt, at.
+    errors = models.JSONField(default=list)
+    return_value = models.JSONField(null=True, blank=True)
+    progress = models.FloatField(null=True, blank=True)
+    progress_message = models.CharField(max_length=255, blank=True, default="")
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    #: The cron schedule that enqueued it, if any.
+    schedule = models.CharField(max_length=100, blank=True, default="")
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    supervisor_id = models.UUIDField(null=True, blank=True)
+    claimed_host = models.CharField(max_length=255, blank=True, default="")
+    claimed_pid = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "task"
+        indexes = [
+            models.Index(
+                "queue_name", models.F("priority").desc(), "available_at",
+                name="dbworker_task_claimable",
+                condition=Q(status__in=TASK_CLAIMABLE),
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="dbworker_task_running",
+                condition=Q(status=TaskStatus.RUNNING),
+            ),
+            models.Index(
+                fields=["finished_at"],
+                name="dbworker_task_finished",
+                condition=Q(status__in=TASK_FINISHED),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.status}"
+
+
+class RateBucket(models.Model):
+    """A token bucket shared by all supervisors: one row per rate-limited key."""
+
+    key = models.CharField(max_length=255, primary_key=True)
+    tokens = models.FloatField()
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.tokens:.2f}"

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from . import conf, keys
+from . import conf, keys, progress
 from .claims import pending, store
 from .claims.store import Claim, FailureInfo
 from .context import Context
@@ -32,7 +32,7 @@ FINISHED, UNFINISHED, FAILED, LOST, GONE = "finished", "unfinished", "failed", "
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    execution_id: int
+    unit_id: int | str
     worker: str
     outcome: str
     seconds: float
@@ -48,6 +48,7 @@ def run(c: Claim) -> Result:
     started = time.monotonic()
     worker = workers[c.worker]
     token = pending.running.set(pending.Running(c.execution_id, c.worker, c.source_key))
+    unit = progress.current.set(progress.Unit("execution", str(c.execution_id)))
     try:
         if worker.transactional:
             outcome = _run_in_transaction(worker, c)
@@ -66,6 +67,7 @@ def run(c: Claim) -> Result:
         return _record_failure(c, exc, started)
     finally:
         pending.running.reset(token)
+        progress.current.reset(unit)
     return _result(c, outcome, started)
 
 

@@ -5,17 +5,26 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from . import conf
-from .claims import pending, store
+from . import conf, progress
+from .claims import pending, store, taskstore
 from .claims.store import Claimant
+from .claims.taskstore import TaskClaim
 from .registry import Worker, workers
 from .runner import run
+from .task_runner import run_task
 
 
 def run_until_idle(
-    worker_names: Iterable[str] | None = None, *, max_units: int = 10_000
+    worker_names: Iterable[str] | None = None,
+    *,
+    tasks: bool | None = None,
+    max_units: int = 10_000,
 ) -> Counter[str]:
     """Run every claimable unit in this process until none is left; return outcome counts.
+
+    Runs the named workers (default: all) and, unless ``tasks=False``, the ready tasks of
+    every queue (default: only when no worker names are given). A task's ``timeout`` is not
+    enforced here (there is no child process to stop).
 
     Works inside Django's ``TestCase`` (each unit runs in a savepoint of the test's
     transaction). Units with ``Unfinished(delay=...)`` wait for their delay, so they are
@@ -28,18 +37,23 @@ def run_until_idle(
     config = conf.get()
     for worker in selected:
         pending.Sweeper(worker, config.SWEEP_BATCH).sweep_all()
+    run_tasks = worker_names is None if tasks is None else tasks
     claimant = Claimant()
     counts: Counter[str] = Counter()
     while True:
-        claimed = False
+        claims: list = []
         for worker in selected:
-            for claim in store.claim(worker, 1, claimant, config.LEASE_SECONDS):
-                claimed = True
-                counts[run(claim).outcome] += 1
-                if counts.total() >= max_units:
-                    raise RuntimeError(
-                        f"run_until_idle() ran {max_units} units and work is still left; a "
-                        "handler probably returns Unfinished() forever."
-                    )
-        if not claimed:
+            claims += store.claim(worker, 1, claimant, config.LEASE_SECONDS)
+        if run_tasks:
+            claims += taskstore.claim(None, 1, claimant, config.LEASE_SECONDS)
+        if not claims:
+            progress.close()
             return counts
+        for claim in claims:
+            outcome = run_task(claim) if isinstance(claim, TaskClaim) else run(claim)
+            counts[outcome.outcome] += 1
+            if counts.total() >= max_units:
+                raise RuntimeError(
+                    f"run_until_idle() ran {max_units} units and work is still left; a "
+                    "handler probably returns Unfinished() forever."
+                )

@@ -59,3 +59,13 @@ LOGGING = {
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
     "loggers": {"django_dbworker": {"handlers": ["stderr"], "level": "INFO"}},
 }
+TASKS = {
+    "default": {
+        "BACKEND": "django_dbworker.backend.DBWorkerBackend",
+        "QUEUES": ["default", "emails", "slow"],
+    },
+    "on_commit": {
+        "BACKEND": "django_dbworker.backend.DBWorkerBackend",
+        "OPTIONS": {"ENQUEUE_ON_COMMIT": True},
+    },
+}

@@ -38,9 +38,9 @@ class StateConstant(Value):
         return f"'{value}'", []
 
 
-def in_states(states: Iterable[str]) -> Q:
+def in_states(states: Iterable[str], field: str = "state") -> Q:
     """``state IN ('A', 'B')`` with the names inline, so it matches a partial index."""
-    return Q(state__in=[StateConstant(str(state)) for state in states])
+    return Q(**{f"{field}__in": [StateConstant(str(state)) for state in states]})
 
 
 def candidates(worker: Worker, now: datetime, using: str) -> QuerySet[Execution]:

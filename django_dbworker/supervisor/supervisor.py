@@ -90,7 +90,7 @@ class Supervisor:
                 return 0
             if stopping and time.monotonic() - self.stop_requested_at > self.options.grace_period:
                 return self._cut_off("grace period over")
-            claimed = 0
+            claimed: int | None = 0
             try:
                 self._maintain()
                 if not stopping:
@@ -111,11 +111,13 @@ class Supervisor:
     def _busy(self) -> bool:
         return any(ch.claim is not None for ch in self.children)
 
-    def _fill(self) -> int:
+    def _fill(self) -> int | None:
+        """Claim work for the idle children; the number of units claimed, or None when no
+        child was free (so nothing is known about what is claimable: --burst keeps going)."""
         idle = [ch for ch in self.children if ch.claim is None and not ch.retiring
                 and not ch.stopping and ch.process.exitcode is None]
         if not idle:
-            return 0
+            return None
         running: dict[str, int] = {}
         for ch in self.children:
             if ch.claim is not None:
@@ -134,6 +136,7 @@ class Supervisor:
                 self._worker_broken(worker, exc)
                 continue
             for c in claims:
+                claimed += 1  # work was found, even if it goes back below
                 child = idle.pop()
                 log_event(logging.DEBUG, "claimed", worker=c.worker, execution=c.execution_id,
                           source=c.source_key, attempt=c.attempt, child=child.pid)
@@ -141,8 +144,6 @@ class Supervisor:
                     child.dispatch(c)
                 except OSError:  # the child is gone; its exit is handled by its sentinel
                     store.release(c, crashed=None, max_crashes=self.config.MAX_CRASHES)
-                    continue
-                claimed += 1
             if not idle:
                 break
         return claimed
@@ -198,7 +199,7 @@ class Supervisor:
             if self._broken.get(sweeper.worker.name, 0.0) > now:
                 continue
             try:
-                _added, done = sweeper.step()
+                added, done = sweeper.step()
             except Exception as exc:
                 self._worker_broken(sweeper.worker, exc)
                 continue

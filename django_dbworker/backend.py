@@ -1,0 +1,291 @@
+"""The ``django.tasks`` backend: ``DBWorkerBackend`` and its ``DBWorkerTask`` options."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from inspect import isclass
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core.checks import CheckMessage, Error
+from django.db import transaction
+from django.tasks import Task, TaskResult
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+from django.utils.inspect import get_func_args, is_module_level_function
+from django.utils.json import normalize_json
+
+from . import conf, task_registry
+from .exceptions import InvalidTaskArguments
+
+RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smhd])\s*$")
+RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+type Callback = Callable[..., Any] | str | None
+
+
+def parse_rate(rate: str) -> tuple[float, float]:
+    """``"10/s"`` -> (10 starts, per 1 second); ``"100/5m"`` -> (100, 300)."""
+    match = RATE_RE.match(rate) if isinstance(rate, str) else None
+    if not match or float(match[1]) <= 0:
+        raise ValueError(
+            f"rate {rate!r} is not a rate; write it as COUNT/UNIT, e.g. '10/s', '100/m', "
+            "'1000/h' or '5/10s'."
+        )
+    return float(match[1]), float(match[2] or 1) * RATE_UNITS[match[3]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DBWorkerTask(Task):
+    """A Django task with our options, set through ``@task(...)`` keyword arguments."""
+
+    #: Attempts after the first one when it raises one of ``retry_for``.
+    retries: int = 0
+    #: Seconds before the first retry.
+    retry_delay: float | timedelta = 1.0
+    #: Multiply the delay by ``retry_backoff_factor`` after each failed attempt.
+    retry_backoff: bool = False
+    retry_backoff_factor: float = 2.0
+    retry_max_delay: float | timedelta = 3600.0
+    #: True: wait a random part of the delay (full jitter); a float: at most that fraction less.
+    retry_jitter: bool | float = False
+    #: Exception classes that are retried (subclasses too); others fail at once.
+    retry_for: tuple[type[BaseException], ...] = (Exception,)
+    #: Seconds an attempt may run before its process is stopped.
+    timeout: float | timedelta | None = None
+    #: Start rate across all supervisors, e.g. ``"10/s"``.
+    rate_limit: str | None = None
+    on_success: Callback = None
+    on_failure: Callback = None
+    #: Set per call: ``.using(idempotency_key="...")``.
+    idempotency_key: str | None = None
+    #: Enqueue when the caller's transaction commits instead of inside it.
+    enqueue_on_commit: bool | None = None
+    _schedule: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        Task.__post_init__(self)
+        task_registry.register(self)
+
+    def using(
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: datetime | timedelta | None = None,
+        backend: str | None = None,
+        idempotency_key: str | None = None,
+        enqueue_on_commit: bool | None = None,
+    ) -> DBWorkerTask:
+        changes: dict[str, Any] = {}
+        if idempotency_key is not None:
+            changes["idempotency_key"] = idempotency_key
+        if enqueue_on_commit is not None:
+            changes["enqueue_on_commit"] = enqueue_on_commit
+        base = Task.using(self, priority=priority, queue_name=queue_name,
+                          run_after=run_after, backend=backend)
+        return replace(base, **changes) if changes else base  # type: ignore[return-value]
+
+    def enqueue_many(
+        self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
+    ) -> list[TaskResult]:
+        """Enqueue one call per ``(args, kwargs)`` in one transaction; results in order."""
+        return self.get_backend().enqueue_many(self, calls)
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        t = self.timeout
+        return t.total_seconds() if isinstance(t, timedelta) else t
+
+
+class DBWorkerBackend(BaseTaskBackend):
+    """Tasks stored in our database and run by ``manage.py runworkers``.
+
+    ``OPTIONS``: ``ENQUEUE_ON_COMMIT`` (bool, default False) defers every enqueue of this
+    backend to the commit of the caller's transaction.
+    """
+
+    task_class = DBWorkerTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.enqueue_on_commit = bool(self.options.get("ENQUEUE_ON_COMMIT", False))
+
+    # ----- validation -----------------------------------------------------------------
+
+    def validate_task(self, task: Task) -> None:
+        where = f"Task {getattr(task.func, '__qualname__', task.func)!r}"
+        if not is_module_level_function(task.func):
+            raise InvalidTask(f"{where}: task functions must be defined at module level.")
+        args = get_func_args(task.func)
+        if task.takes_context and (not args or args[0] != "context"):
+            raise InvalidTask(f"{where} takes context but its first argument is not 'context'.")
+        priority = task.priority
+        if (isinstance(priority, bool) or not isinstance(priority, int)
+                or not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY):
+            raise InvalidTask(
+                f"{where}: priority={priority!r} must be a whole number between "
+                f"{TASK_MIN_PRIORITY} and {TASK_MAX_PRIORITY}."
+            )
+        run_after = task.run_after
+        if run_after is not None and not isinstance(run_after, datetime | timedelta):
+            raise InvalidTask(f"{where}: run_after must be a datetime or a timedelta.")
+        if (isinstance(run_after, datetime) and settings.USE_TZ
+                and not timezone.is_aware(run_after)):
+            raise InvalidTask(
+                f"{where}: run_after={run_after!r} is naive; give an aware datetime "
+                "(django.utils.timezone.now() + ...) or a timedelta."
+            )
+        if self.queues and task.queue_name not in self.queues:
+            raise InvalidTask(
+                f"{where}: queue {task.queue_name!r} is not configured for task backend "
+                f"{self.alias!r}; its QUEUES are {sorted(self.queues)}."
+            )
+        if isinstance(task, DBWorkerTask):
+            _validate_options(where, task)
+
+    # ----- enqueue --------------------------------------------------------------------
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        return self.enqueue_many(task, [(args, kwargs)])[0]
+
+    def enqueue_many(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
+    ) -> list[TaskResult]:
+        from .claims import taskstore
+
+        self.validate_task(task)
+        calls = list(calls)
+        key = getattr(task, "idempotency_key", None)
+        if key is not None and len(calls) != 1:
+            raise InvalidTask(
+                f"Task {task.name!r}: idempotency_key={key!r} was given for {len(calls)} "
+                "calls; a key identifies one call."
+            )
+        rows = [taskstore.new_record(task, *_json_call(task, i, call))
+                for i, call in enumerate(calls)]
+        using = conf.get().DATABASE
+        on_commit = getattr(task, "enqueue_on_commit", None)
+        if on_commit is None:
+            on_commit = self.enqueue_on_commit
+        if on_commit:
+            def insert() -> None:
+                stored = taskstore.insert(rows, idempotency_key=key)
+                for row in stored:
+                    task_enqueued.send(type(self), task_result=self.result(row, task))
+
+            transaction.on_commit(insert, using=using)
+            return [self.result(row, task) for row in rows]
+        stored = taskstore.insert(rows, idempotency_key=key)
+        results = [self.result(row, task) for row in stored]
+        new_ids = {row.pk for row in rows}
+        for row, result in zip(stored, results, strict=True):
+            if row.pk in new_ids:
+                task_enqueued.send(type(self), task_result=result)
+        return results
+
+    # ----- results --------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        from .claims import taskstore
+
+        row = taskstore.get(result_id)
+        if row is None:
+            raise TaskResultDoesNotExist(result_id)
+        return self.result(row)
+
+    def result(self, row: Any, task: Task | None = None) -> TaskResult:
+        from .results import to_result
+
+        return to_result(row, self.alias, task)
+
+    def check(self, **kwargs: Any) -> Iterable[CheckMessage]:
+        if not apps.is_installed("django_dbworker"):
+            yield Error(
+                f"Task backend {self.alias!r} is DBWorkerBackend, but 'django_dbworker' is not "
+                "in INSTALLED_APPS.",
+                hint="Add 'django_dbworker' to INSTALLED_APPS and run migrate.",
+                id="django_dbworker.E010",
+            )
+
+
+def _json_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str, Any]]:
+    try:
+        args, kwargs = call
+    except (TypeError, ValueError):
+        raise InvalidTaskArguments(
+            f"Task {task.name!r}: call {index} is {call!r}; give (args, kwargs) pairs."
+        ) from None
+    try:
+        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        json.dumps([args, kwargs], allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTaskArguments(
+            f"Task {task.name!r}: the arguments of call {index} cannot be stored as JSON "
+            f"({exc}); pass ids and plain values instead of objects."
+        ) from None
+    return args, kwargs
+
+
+def _validate_options(where: str, task: DBWorkerTask) -> None:
+    def seconds(name: str, value: Any, *, optional: bool = False) -> None:
+        if optional and value is None:
+            return
+        if isinstance(value, timedelta):
+            value = value.total_seconds()
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise InvalidTask(f"{where}: {name}={value!r} must be a number of seconds >= 0 "
+                              "or a timedelta.")
+
+    if isinstance(task.retries, bool) or not isinstance(task.retries, int) or task.retries < 0:
+        raise InvalidTask(f"{where}: retries={task.retries!r} must be an integer >= 0.")
+    seconds("retry_delay", task.retry_delay)
+    seconds("retry_max_delay", task.retry_max_delay)
+    seconds("timeout", task.timeout, optional=True)
+    if task.timeout_seconds == 0:
+        raise InvalidTask(f"{where}: timeout=0 would stop every attempt; give more seconds.")
+    factor = task.retry_backoff_factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
+        raise InvalidTask(f"{where}: retry_backoff_factor={factor!r} must be a number >= 1.")
+    if not isinstance(task.retry_backoff, bool):
+        raise InvalidTask(f"{where}: retry_backoff={task.retry_backoff!r} must be True/False.")
+    jitter = task.retry_jitter
+    if not isinstance(jitter, bool) and not (isinstance(jitter, int | float)
+                                             and 0 <= jitter <= 1):
+        raise InvalidTask(f"{where}: retry_jitter={jitter!r} must be True/False or a "
+                          "fraction between 0 and 1.")
+    retry_for = task.retry_for
+    if isclass(retry_for):
+        retry_for = (retry_for,)
+        object.__setattr__(task, "retry_for", retry_for)
+    if not isinstance(retry_for, tuple | list) or not all(
+        isclass(c) and issubclass(c, BaseException) for c in retry_for
+    ):
+        raise InvalidTask(f"{where}: retry_for={task.retry_for!r} must be a tuple of "
+                          "exception classes.")
+    if task.rate_limit is not None:
+        try:
+            parse_rate(task.rate_limit)
+        except ValueError as exc:
+            raise InvalidTask(f"{where}: rate_limit: {exc}") from None
+    for name in ("on_success", "on_failure"):
+        callback = getattr(task, name)
+        if callback is not None and not (callable(callback) or isinstance(callback, str)):
+            raise InvalidTask(f"{where}: {name}={callback!r} must be a callable or a dotted "
+                              "path to one.")
+    key = task.idempotency_key
+    if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
+        raise InvalidTask(f"{where}: idempotency_key={key!r} must be a non-empty string of at "
+                          "most 255 characters.")

@@ -1,0 +1,374 @@
+"""Every change of a task row's status, each a guarded UPDATE that reports its row count.
+
+    (enqueue)   -> READY        insert (run_after, priority, queue)
+    READY       -> RUNNING      claim
+    RETRYING    -> RUNNING      claim (once available_at has passed)
+    RUNNING     -> SUCCESSFUL   succeed with the claim's token
+    RUNNING     -> RETRYING     an attempt failed and retries are left
+    RUNNING     -> FAILED       an attempt failed for good; release after MAX_CRASHES
+    RUNNING     -> READY        release (its process died or it was cut off), reap
+    READY       -> CANCELLED    cancel
+    RETRYING    -> CANCELLED    cancel
+    RUNNING     -> CANCELLED    cancel: the supervisor stops its process, then records it
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import F
+from django.tasks import Task
+from django.utils import timezone
+
+from .. import conf
+from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
+from .queries import in_states
+from .store import Claimant, FailureInfo
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "claim": frozenset(TASK_CLAIMABLE),
+    "finish": frozenset({TaskStatus.RUNNING}),
+    "cancel_waiting": frozenset({TaskStatus.READY, TaskStatus.RETRYING}),
+    "cancel_running": frozenset({TaskStatus.RUNNING}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskClaim:
+    task_id: uuid.UUID
+    task_path: str
+    token: uuid.UUID
+    attempt: int
+    lease_expires_at: datetime
+    claimed_at: datetime
+
+    @property
+    def unit_id(self) -> str:
+        return str(self.task_id)
+
+
+def _alias() -> str:
+    return conf.get().DATABASE
+
+
+def _prep(name: str, value: Any, using: str) -> Any:
+    return TaskRecord._meta.get_field(name).get_db_prep_save(value, connections[using])
+
+
+# ----- enqueue ------------------------------------------------------------------------
+
+
+def new_record(task: Task, args: list[Any], kwargs: dict[str, Any]) -> TaskRecord:
+    now = timezone.now()
+    run_after = task.run_after
+    if isinstance(run_after, timedelta):
+        run_after = now + run_after
+    return TaskRecord(
+        id=uuid.uuid4(),
+        task_path=task.module_path,
+        backend=task.backend,
+        queue_name=task.queue_name,
+        priority=task.priority,
+        args=args,
+        kwargs=kwargs,
+        status=TaskStatus.READY,
+        run_after=run_after,
+        available_at=run_after or now,
+        enqueued_at=now,
+        idempotency_key=getattr(task, "idempotency_key", None),
+        schedule=getattr(task, "_schedule", ""),
+    )
+
+
+def insert(rows: list[TaskRecord], *, idempotency_key: str | None) -> list[TaskRecord]:
+    """Store new task rows in one statement; with a key, return the row holding it."""
+    using = _alias()
+    manager = TaskRecord.objects.using(using)
+    if idempotency_key is None:
+        with transaction.atomic(using=using):
+            manager.bulk_create(rows)
+        return rows
+    try:
+        with transaction.atomic(using=using):
+            manager.bulk_create(rows, ignore_conflicts=True)
+    except IntegrityError:  # pragma: no cover - ignore_conflicts covers the key
+        pass
+    return [manager.get(idempotency_key=idempotency_key)]
+
+
+def key_exists(key: str) -> bool:
+    return TaskRecord.objects.using(_alias()).filter(idempotency_key=key).exists()
+
+
+def get(result_id: Any) -> TaskRecord | None:
+    try:
+        pk = uuid.UUID(str(result_id))
+    except ValueError:
+        return None
+    return TaskRecord.objects.using(_alias()).filter(pk=pk).first()
+
+
+# ----- claim --------------------------------------------------------------------------
+
+
+def claim(
+    queues: list[str] | None,
+    limit: int,
+    claimant: Claimant,
+    lease: float,
+    *,
+    only_path: str | None = None,
+    exclude_paths: list[str] | tuple[str, ...] = (),
+) -> list[TaskClaim]:
+    """Claim up to ``limit`` ready tasks, highest priority first, in one statement."""
+    if limit <= 0:
+        return []
+    using = _alias()
+    connection = connections[using]
+    now = timezone.now()
+    expires = now + timedelta(seconds=lease)
+    token = uuid.uuid4()
+    worker_id = f"{claimant.host}:{claimant.pid}"
+    inner = TaskRecord.objects.using(using).filter(
+        in_states(TASK_CLAIMABLE, "status"), available_at__lte=now
+    )
+    if queues is not None:
+        inner = inner.filter(queue_name__in=queues)
+    if only_path is not None:
+        inner = inner.filter(task_path=only_path)
+    if exclude_paths:
+        inner = inner.exclude(task_path__in=list(exclude_paths))
+    inner = inner.order_by(F("priority").desc(), "available_at", "id").values("id")[:limit]
+    table = connection.ops.quote_name(TaskRecord._meta.db_table)
+    if connection.vendor == "postgresql":
+        append = "worker_ids || jsonb_build_array(%s::text)"
+    else:
+        append = "json_insert(worker_ids, '$[#]', %s)"
+    with transaction.atomic(using=using):
+        if connection.features.has_select_for_update_skip_locked:
+            inner = inner.select_for_update(skip_locked=True, of=("self",))
+        inner_sql, inner_params = inner.query.get_compiler(using).as_sql()
+        sql = (
+            f"UPDATE {table} SET status = %s, token = %s, supervisor_id = %s, "
+            "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
+            "started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
+            f"lease_expires_at = %s, worker_ids = {append} "
+            f"WHERE id IN ({inner_sql}) RETURNING id, task_path, attempts"
+        )
+        stamp = _prep("last_attempted_at", now, using)
+        params = [
+            TaskStatus.RUNNING,
+            _prep("token", token, using),
+            _prep("supervisor_id", claimant.supervisor_id, using),
+            claimant.host,
+            claimant.pid,
+            stamp,
+            stamp,
+            _prep("lease_expires_at", expires, using),
+            worker_id,
+            *inner_params,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+    pk = TaskRecord._meta.pk
+    return [
+        TaskClaim(pk.to_python(row[0]), row[1], token, row[2], expires, now) for row in rows
+    ]
+
+
+# ----- completion ---------------------------------------------------------------------
+
+
+def _fenced(c: TaskClaim, using: str) -> Any:
+    return TaskRecord.objects.using(using).filter(
+        pk=c.task_id, token=c.token, status__in=TRANSITIONS["finish"]
+    )
+
+
+def succeed(c: TaskClaim, return_value: Any) -> int:
+    return _fenced(c, _alias()).update(
+        status=TaskStatus.SUCCESSFUL, return_value=return_value, finished_at=timezone.now(),
+        token=None, lease_expires_at=None,
+    )
+
+
+def error_entry(info: FailureInfo, attempt: int, when: datetime) -> dict[str, Any]:
+    return {
+        "exception_class_path": info.exception_class,
+        "message": info.message,
+        "traceback": info.traceback,
+        "attempt": attempt,
+        "at": when.isoformat(),
+    }
+
+
+def fail_attempt(
+    c: TaskClaim, info: FailureInfo, *, retry_at: datetime | None,
+    status: TaskStatus = TaskStatus.FAILED,
+) -> int:
+    """Record a failed attempt: RETRYING until ``retry_at``, else ``status`` for good."""
+    using = _alias()
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        row = _fenced(c, using).select_for_update().values("errors").first()
+        if row is None:
+            return 0
+        errors = [*row["errors"], error_entry(info, c.attempt, now)]
+        done = {"token": None, "lease_expires_at": None, "errors": errors}
+        if retry_at is not None:
+            return _fenced(c, using).update(status=TaskStatus.RETRYING, available_at=retry_at,
+                                            **done)
+        return _fenced(c, using).update(status=status, finished_at=now, **done)
+
+
+def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> int:
+    """Give a cut-off task back: ready again, or FAILED once it crashed too often."""
+    using = _alias()
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        qs = _fenced(c, using)
+        back = {"token": None, "lease_expires_at": None, "available_at": now}
+        if crashed is None:
+            return qs.update(status=TaskStatus.READY, **back)
+        if qs.filter(crashes__gte=max_crashes - 1).exists():
+            from .store import _too_many
+
+            return fail_attempt(c, _too_many(crashed, max_crashes), retry_at=None)
+        row = qs.select_for_update().values("errors").first()
+        if row is None:
+            return 0
+        errors = [*row["errors"], error_entry(crashed, c.attempt, now)]
+        return qs.update(status=TaskStatus.READY, crashes=F("crashes") + 1, errors=errors,
+                         **back)
+
+
+def renew(claimant: Claimant, task_ids: list[uuid.UUID], lease: float) -> int:
+    if not task_ids:
+        return 0
+    return TaskRecord.objects.using(_alias()).filter(
+        pk__in=task_ids, supervisor_id=claimant.supervisor_id, status=TaskStatus.RUNNING
+    ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
+
+
+def reap(max_crashes: int) -> int:
+    using = _alias()
+    now = timezone.now()
+    rows = list(
+        TaskRecord.objects.using(using)
+        .filter(status=TaskStatus.RUNNING, lease_expires_at__lt=now)
+        .values_list("pk", "task_path", "attempts", "token")[:1000]
+    )
+    info = FailureInfo(
+        "django_dbworker.exceptions.LeaseLost",
+        "the lease of this task expired while it ran: its supervisor stopped renewing it "
+        "(process killed, paused or cut off from the database)",
+    )
+    return sum(
+        release(TaskClaim(pk, path, token, attempt, now, now), crashed=info,
+                max_crashes=max_crashes)
+        for pk, path, attempt, token in rows
+    )
+
+
+# ----- cancellation and retention -----------------------------------------------------
+
+
+def cancel(result_id: Any) -> bool:
+    """Cancel a waiting task now, or ask the supervisor running it to stop it."""
+    using = _alias()
+    row = get(result_id)
+    if row is None:
+        from django.tasks.exceptions import TaskResultDoesNotExist
+
+        raise TaskResultDoesNotExist(str(result_id))
+    now = timezone.now()
+    info = FailureInfo("django_dbworker.exceptions.TaskCancelled",
+                       "the task was cancelled before it ran")
+    with transaction.atomic(using=using):
+        waiting = TaskRecord.objects.using(using).filter(
+            pk=row.pk, status__in=TRANSITIONS["cancel_waiting"]
+        )
+        current = waiting.select_for_update().values("errors", "attempts").first()
+        if current is not None:
+            errors = [*current["errors"], error_entry(info, current["attempts"], now)]
+            return bool(waiting.update(status=TaskStatus.CANCELLED, finished_at=now,
+                                       cancel_requested_at=now, errors=errors))
+        return bool(
+            TaskRecord.objects.using(using)
+            .filter(pk=row.pk, status__in=TRANSITIONS["cancel_running"],
+                    cancel_requested_at__isnull=True)
+            .update(cancel_requested_at=now)
+        ) or TaskRecord.objects.using(using).filter(
+            pk=row.pk, status=TaskStatus.RUNNING
+        ).exists()
+
+
+def cancel_requested(task_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Which of these running tasks someone asked to cancel."""
+    if not task_ids:
+        return []
+    return list(
+        TaskRecord.objects.using(_alias())
+        .filter(pk__in=task_ids, status=TaskStatus.RUNNING, cancel_requested_at__isnull=False)
+        .values_list("pk", flat=True)
+    )
+
+
+def prune(older_than: timedelta, batch: int) -> int:
+    """Delete finished tasks older than ``older_than``, ``batch`` rows per statement."""
+    using = _alias()
+    cutoff = timezone.now() - older_than
+    deleted = 0
+    while True:
+        ids = list(
+            TaskRecord.objects.using(using)
+            .filter(status__in=TASK_FINISHED, finished_at__lt=cutoff)
+            .values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return deleted
+        deleted += TaskRecord.objects.using(using).filter(pk__in=ids).delete()[0]
+
+
+def claim_limited(
+    queues: list[str] | None,
+    room: int,
+    claimant: Claimant,
+    lease: float,
+    *,
+    limits: dict[str, str],
+    global_limit: str | None,
+) -> list[TaskClaim]:
+    """Claim up to ``room`` tasks, respecting per-task and global start rates.
+
+    ``limits`` maps task paths to their rate. Unlimited tasks are claimed first, then each
+    limited task up to what its bucket allows, all in one transaction with the buckets.
+    """
+    from .. import ratelimit
+
+    if room <= 0:
+        return []
+    using = _alias()
+    with transaction.atomic(using=using):
+        overall = None
+        if global_limit is not None:
+            overall = ratelimit.reserve("__all_tasks__", global_limit, room)
+            room = overall.allowed
+        claims = claim(queues, room, claimant, lease, exclude_paths=tuple(limits))
+        room -= len(claims)
+        for path, rate in limits.items():
+            if room <= 0:
+                break
+            bucket = ratelimit.reserve(f"task:{path}", rate, room)
+            got = claim(queues, bucket.allowed, claimant, lease, only_path=path)
+            bucket.consume(len(got))
+            claims += got
+            room -= len(got)
+        if overall is not None:
+            overall.consume(len(claims))
+    return claims

@@ -1,0 +1,76 @@
+"""``set_progress()``: report how far the running task or handler got, visible at once.
+
+The write goes through a connection of its own, outside the handler's transaction, so other
+processes see it while the unit runs. (On SQLite, whose single writer is the handler's own
+transaction, a transactional handler's progress becomes visible when it commits.)
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from . import conf
+from .models import Execution, TaskRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    kind: str  # "task" or "execution"
+    id: str
+
+
+current: ContextVar[Unit | None] = ContextVar("dbworker_progress_unit", default=None)
+_side: dict[int, BaseDatabaseWrapper] = {}
+
+
+def _side_connection(using: str) -> BaseDatabaseWrapper:
+    pid = os.getpid()
+    connection = _side.get(pid)
+    if connection is None:
+        connection = connections.create_connection(using)
+        _side.clear()
+        _side[pid] = connection
+    return connection
+
+
+def set_progress(percent: float, message: str | None = None) -> None:
+    """Record progress (0-100) of the task or handler running in this process."""
+    unit = current.get()
+    if unit is None:
+        raise RuntimeError(
+            "set_progress() was called outside a running task or worker handler."
+        )
+    if isinstance(percent, bool) or not isinstance(percent, int | float) \
+            or not 0 <= percent <= 100:
+        raise ValueError(f"set_progress({percent!r}): percent must be a number from 0 to 100.")
+    if message is not None and not isinstance(message, str):
+        raise TypeError(f"set_progress(message={message!r}): message must be a string.")
+    text = (message or "")[:255]
+    using = conf.get().DATABASE
+    main = connections[using]
+    model = TaskRecord if unit.kind == "task" else Execution
+    key = unit.id if unit.kind == "task" else int(unit.id)
+    if main.vendor == "sqlite" and main.in_atomic_block:
+        model.objects.using(using).filter(pk=key).update(progress=percent,
+                                                          progress_message=text)
+        return
+    side = _side_connection(using)
+    table = side.ops.quote_name(model._meta.db_table)
+    pk = model._meta.pk.get_db_prep_value(model._meta.pk.to_python(key), side)
+    with side.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET progress = %s, progress_message = %s WHERE id = %s",
+            [float(percent), text, pk],
+        )
+
+
+def close() -> None:
+    """Close this process's progress connection (tests, and children before they exit)."""
+    connection = _side.pop(os.getpid(), None)
+    if connection is not None:
+        connection.close()

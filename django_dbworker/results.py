@@ -1,0 +1,78 @@
+"""Task rows as ``django.tasks.TaskResult`` objects, with our own status and progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
+
+from . import task_registry
+from .exceptions import UnknownTask
+from .models import TaskRecord, TaskStatus
+
+DJANGO_STATUS = {
+    TaskStatus.READY: TaskResultStatus.READY,
+    TaskStatus.RETRYING: TaskResultStatus.READY,
+    TaskStatus.RUNNING: TaskResultStatus.RUNNING,
+    TaskStatus.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,
+    TaskStatus.FAILED: TaskResultStatus.FAILED,
+    TaskStatus.CANCELLED: TaskResultStatus.FAILED,
+}
+OUR_ATTRS = ("dbworker_status", "progress", "progress_message", "idempotency_key")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DBWorkerTaskResult(TaskResult):
+    """A TaskResult that also carries our own status (RETRYING, CANCELLED) and progress."""
+
+    dbworker_status: TaskStatus = TaskStatus.READY
+    progress: float | None = None
+    progress_message: str = ""
+    idempotency_key: str | None = None
+
+    def refresh(self) -> None:
+        fresh = self.task.get_backend().get_result(self.id)
+        for attr in (*TASK_REFRESH_ATTRS, *OUR_ATTRS):
+            object.__setattr__(self, attr, getattr(fresh, attr))
+
+    async def arefresh(self) -> None:
+        fresh = await self.task.get_backend().aget_result(self.id)
+        for attr in (*TASK_REFRESH_ATTRS, *OUR_ATTRS):
+            object.__setattr__(self, attr, getattr(fresh, attr))
+
+
+def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorkerTaskResult:
+    if task is None:
+        try:
+            task = task_registry.resolve(row.task_path)
+        except UnknownTask as exc:
+            raise UnknownTask(f"Task result {row.pk}: {exc}") from None
+    overrides: dict[str, Any] = {"priority": row.priority, "queue_name": row.queue_name}
+    if row.run_after is not None:
+        overrides["run_after"] = row.run_after
+    task = task.using(**overrides)
+    result = DBWorkerTaskResult(
+        task=task,
+        id=str(row.pk),
+        status=DJANGO_STATUS[TaskStatus(row.status)],
+        enqueued_at=row.enqueued_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        last_attempted_at=row.last_attempted_at,
+        args=row.args,
+        kwargs=row.kwargs,
+        backend=alias,
+        errors=[
+            TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+            for e in row.errors
+        ],
+        worker_ids=list(row.worker_ids),
+        dbworker_status=TaskStatus(row.status),
+        progress=row.progress,
+        progress_message=row.progress_message,
+        idempotency_key=row.idempotency_key,
+    )
+    object.__setattr__(result, "_return_value", row.return_value)
+    return result

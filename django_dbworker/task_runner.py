@@ -1,0 +1,180 @@
+"""Run one claimed task in this process, then record what happened."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback as tb
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.tasks import TaskContext, TaskResultStatus
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+
+from . import conf, progress, retry, task_registry
+from .backend import DBWorkerTask
+from .claims import taskstore
+from .claims.store import FailureInfo
+from .claims.taskstore import TaskClaim
+from .exceptions import InvalidTaskArguments, UnknownTask
+from .logs import log_event
+from .models import TaskStatus
+from .results import to_result
+from .runner import Result
+
+logger = logging.getLogger("django_dbworker")
+
+SUCCESSFUL, RETRYING, FAILED, LOST = "successful", "retrying", "failed", "lease_lost"
+
+
+def run_task(c: TaskClaim) -> Result:
+    started = time.monotonic()
+    row = taskstore.get(c.task_id)
+    if row is None or row.token != c.token:
+        return _result(c, LOST, started, "the task row is gone or was taken over")
+    try:
+        task = task_registry.resolve(c.task_path)
+    except UnknownTask as exc:
+        info = FailureInfo.of(exc)
+        changed = taskstore.fail_attempt(c, info, retry_at=None)
+        return _result(c, FAILED if changed else LOST, started, str(exc))
+    alias = task.backend
+    result = to_result(row, alias, task)
+    task_started.send(type(task.get_backend()), task_result=result)
+    token = progress.current.set(progress.Unit("task", str(c.task_id)))
+    try:
+        try:
+            value = _call(task, result, row.args, row.kwargs)
+            value = _json_value(task, value)
+        except (OperationalError, InterfaceError) as exc:
+            if _connection_broken():
+                raise
+            return _failed(task, c, exc, started)
+        except BaseException as exc:
+            return _failed(task, c, exc, started)
+        if not taskstore.succeed(c, value):
+            return _result(c, LOST, started, "cancelled or taken over before it finished")
+        _callback(task, "on_success", c, value)
+        _finished_signal(task, c)
+        return _result(c, SUCCESSFUL, started)
+    finally:
+        progress.current.reset(token)
+
+
+def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    if task.takes_context:
+        return task.call(TaskContext(task_result=result), *args, **kwargs)
+    return task.call(*args, **kwargs)
+
+
+def _json_value(task: Any, value: Any) -> Any:
+    try:
+        value = normalize_json(value)
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTaskArguments(
+            f"task {task.name!r} returned a value that cannot be stored as JSON ({exc})."
+        ) from None
+    limit = conf.get().RESULT_MAX_BYTES
+    if len(encoded) > limit:
+        raise InvalidTaskArguments(
+            f"task {task.name!r} returned {len(encoded)} bytes of JSON, more than "
+            f"DBWORKER['RESULT_MAX_BYTES'] ({limit}); store large results elsewhere."
+        )
+    return value
+
+
+def _failed(task: Any, c: TaskClaim, exc: BaseException, started: float) -> Result:
+    _reset_connection()
+    info = FailureInfo.of(exc, "".join(tb.format_exception(exc)))
+    retry_at = None
+    if isinstance(task, DBWorkerTask) and retry.should_retry(task, c.attempt, exc):
+        retry_at = timezone.now() + timedelta(seconds=retry.delay(task, c.attempt))
+    if not taskstore.fail_attempt(c, info, retry_at=retry_at):
+        return _result(c, LOST, started, "cancelled or taken over before it finished")
+    message = f"{info.exception_class}: {info.message}"
+    if retry_at is not None:
+        return _result(c, RETRYING, started, message, retry_at=retry_at.isoformat())
+    _callback(task, "on_failure", c, exc)
+    _finished_signal(task, c)
+    return _result(c, FAILED, started, message, level=logging.ERROR)
+
+
+def record_stopped(task_path: str, c: TaskClaim, info: FailureInfo, *,
+                   status: TaskStatus) -> int:
+    """The supervisor stopped the task's process (timeout or cancel): record it."""
+    try:
+        task = task_registry.resolve(task_path)
+    except UnknownTask:
+        task = None
+    retry_at = None
+    if (status == TaskStatus.FAILED and isinstance(task, DBWorkerTask)
+            and c.attempt <= task.retries and _matches(task, info.exception_class)):
+        retry_at = timezone.now() + timedelta(seconds=retry.delay(task, c.attempt))
+    changed = taskstore.fail_attempt(c, info, retry_at=retry_at, status=status)
+    if changed and retry_at is None and task is not None:
+        _callback(task, "on_failure", c, None)
+        _finished_signal(task, c)
+    return changed
+
+
+def _matches(task: DBWorkerTask, exception_class: str) -> bool:
+    try:
+        kind = import_string(exception_class)
+    except ImportError:
+        return False
+    return any(issubclass(kind, allowed) for allowed in task.retry_for)
+
+
+def _callback(task: Any, name: str, c: TaskClaim, value: Any) -> None:
+    callback = getattr(task, name, None)
+    if callback is None:
+        return
+    try:
+        if isinstance(callback, str):
+            callback = import_string(callback)
+        callback(to_result(taskstore.get(c.task_id), task.backend, task), value)
+    except Exception as exc:
+        log_event(logging.ERROR, "callback_failed", task=c.task_path, id=c.task_id,
+                  callback=name, error=f"{type(exc).__name__}: {exc}")
+
+
+def _finished_signal(task: Any, c: TaskClaim) -> None:
+    row = taskstore.get(c.task_id)
+    if row is None:
+        return
+    result = to_result(row, task.backend, task)
+    if result.status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
+        task_finished.send(type(task.get_backend()), task_result=result)
+
+
+def _connection_broken() -> bool:
+    connection = connections[conf.get().DATABASE]
+    try:
+        return connection.connection is None or not connection.is_usable()
+    except DatabaseError:
+        return True
+
+
+def _reset_connection() -> None:
+    """After a task failed, make sure the connection is usable for recording it."""
+    connection = connections[conf.get().DATABASE]
+    if connection.in_atomic_block:
+        return
+    if connection.connection is not None and _connection_broken():
+        connection.close()
+
+
+def _result(c: TaskClaim, outcome: str, started: float, error: str = "",
+            level: int = logging.INFO, **extra: Any) -> Result:
+    seconds = time.monotonic() - started
+    if outcome == LOST:
+        level = logging.WARNING
+    log_event(level, outcome, task=c.task_path, id=c.task_id, attempt=c.attempt,
+              seconds=round(seconds, 4), error=error, **extra)
+    return Result(c.unit_id, c.task_path, outcome, seconds, error)

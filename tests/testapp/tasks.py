@@ -1,0 +1,117 @@
+"""Tasks the tests enqueue; their behaviour is chosen by their arguments."""
+
+import asyncio
+import os
+import time
+
+from django.tasks import task
+
+from django_dbworker import cron, set_progress
+
+from .models import Effect
+
+
+def record_success(result, value):
+    Effect.objects.create(item_id=0, worker="on_success", note=str(value))
+
+
+def record_failure(result, exc):
+    Effect.objects.create(item_id=0, worker="on_failure", note=type(exc).__name__)
+
+
+def broken_callback(result, value):
+    raise RuntimeError("callback is broken")
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task(queue_name="emails", priority=10)
+def send_email(address):
+    Effect.objects.create(item_id=0, worker="send_email", note=address, pid=os.getpid())
+
+
+@task(takes_context=True, retries=3, retry_delay=0, retry_for=(TimeoutError,))
+def flaky(context, succeed_on):
+    if context.attempt < succeed_on:
+        raise TimeoutError(f"attempt {context.attempt} timed out")
+    return context.attempt
+
+
+@task(retries=2, retry_delay=0, on_failure=record_failure)
+def always_fails():
+    raise ValueError("always")
+
+
+@task(retries=3, retry_for=(TimeoutError,), retry_delay=0)
+def wrong_exception():
+    raise KeyError("not retried")
+
+
+@task(timeout=1, retries=1, retry_delay=0, retry_for=(TimeoutError,))
+def sleeper(seconds):
+    Effect.objects.create(item_id=0, worker="sleeper", pid=os.getpid())
+    time.sleep(seconds)
+    return "woke"
+
+
+@task(queue_name="slow")
+def long_running(seconds):
+    Effect.objects.create(item_id=0, worker="long_running", pid=os.getpid())
+    time.sleep(seconds)
+
+
+@task
+def returns_object():
+    return object()
+
+
+@task
+def big_result(size):
+    return "x" * size
+
+
+@task
+def with_progress(seconds):
+    set_progress(50, "half way")
+    time.sleep(seconds)
+    return "done"
+
+
+@task(rate_limit="2/s")
+def limited(n):
+    Effect.objects.create(item_id=n, worker="limited", pid=os.getpid())
+
+
+@task(on_success=record_success)
+def succeeds_with_callback():
+    return 7
+
+
+@task(on_success="tests.testapp.tasks.broken_callback")
+def broken_callback_task():
+    return 1
+
+
+@task
+async def async_add(a, b):
+    await asyncio.sleep(0)
+    return a + b
+
+
+@cron("* * * * * */1", name="every_second")
+@task
+def tick():
+    Effect.objects.create(item_id=0, worker="tick", pid=os.getpid())
+
+
+@task(backend="on_commit")
+def committed(n):
+    return n
+
+
+@task(retries=1, retry_delay=3600)
+def slow_retry():
+    raise ValueError("later")
