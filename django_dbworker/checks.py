@@ -64,3 +64,15 @@ def check_workers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                 id="django_dbworker.E003",
             ))
     return errors
+
+
+@register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from .scheduling import schedules
+
+    try:
+        schedules()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), hint="Fix the cron expression or options of that schedule.",
+                      id="django_dbworker.E004")]
+    return []

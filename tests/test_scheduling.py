@@ -1,0 +1,99 @@
+"""Cron schedules: ticks, misfire policies, exactly-once enqueue, validation."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from django_dbworker import cron
+from django_dbworker.checks import check_schedules
+from django_dbworker.models import TaskRecord
+from django_dbworker.scheduling import Schedule, Scheduler, schedules
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+def every_minute(**options):
+    return Schedule(name="m", task_path="tests.testapp.tasks.add", cron="* * * * *",
+                    args=[1, 2], **options)
+
+
+def test_ticks_in_interval_and_time_zone():
+    s = every_minute()
+    assert s.ticks(T0, T0 + timedelta(minutes=3)) == [
+        T0 + timedelta(minutes=n) for n in (1, 2, 3)
+    ]
+    daily = Schedule(name="d", task_path="x.y", cron="0 9 * * *", timezone="Asia/Tokyo")
+    (tick,) = daily.ticks(T0, T0 + timedelta(days=1))
+    assert tick == datetime(2026, 12, 1, 0, 0, tzinfo=UTC), "09:00 in Tokyo is 00:00 UTC"
+
+
+def test_seconds_field():
+    s = Schedule(name="s", task_path="x.y", cron="* * * * * */10")
+    assert len(s.ticks(T0, T0 + timedelta(minutes=1))) == 6
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [("skip", 0), ("latest", 1), ("all", 10)],
+)
+def test_misfire_policies_at_start(policy, expected):
+    s = every_minute(misfire=policy, misfire_window=600)
+    scheduler = Scheduler({"m": s}, now=T0)
+    # ten ticks were missed before this look, none is recent
+    scheduler.last["m"] = T0 - timedelta(minutes=10, seconds=30) if policy != "skip" else T0
+    due = scheduler.due(s, T0 + timedelta(seconds=30))
+    assert len(due) == expected
+
+
+def test_recent_ticks_always_due():
+    s = every_minute()
+    scheduler = Scheduler({"m": s}, now=T0)
+    assert scheduler.due(s, T0 + timedelta(seconds=61)) == [T0 + timedelta(minutes=1)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_tick_enqueued_once_by_any_number_of_schedulers():
+    s = every_minute()
+    a, b = Scheduler({"m": s}, now=T0), Scheduler({"m": s}, now=T0)
+    later = T0 + timedelta(seconds=125)
+    assert a.tick(T0 + timedelta(seconds=61)) == 1
+    assert b.tick(T0 + timedelta(seconds=61)) == 0
+    assert a.tick(later) + b.tick(later) == 1
+    rows = TaskRecord.objects.order_by("enqueued_at")
+    assert [r.idempotency_key for r in rows] == [
+        "cron:m:2026-11-30T12:01:00+00:00", "cron:m:2026-11-30T12:02:00+00:00"
+    ]
+    assert all(r.schedule == "m" and r.args == [1, 2] for r in rows)
+
+
+def test_decorator_registers_and_validates():
+    assert "every_second" in schedules()
+    from django.tasks import task
+
+    def f():
+        pass
+
+    f.__qualname__ = f.__name__ = "f"
+    with pytest.raises(ImproperlyConfigured, match="'bad'.*not a valid cron expression"):
+        cron("61 * * * *", name="bad")(task(f))
+    with pytest.raises(ImproperlyConfigured, match="misfire='sometimes'"):
+        cron("* * * * *", name="bad2", misfire="sometimes")(task(f))
+    with pytest.raises(ImproperlyConfigured, match="put it above @task"):
+        cron("* * * * *")(f)
+
+
+def test_settings_schedules_and_check(settings):
+    settings.DBWORKER = {**settings.DBWORKER, "SCHEDULES": {
+        "nightly": {"task": "tests.testapp.tasks.add", "cron": "0 3 * * *", "args": [1, 1]},
+    }}
+    assert schedules()["nightly"].cron == "0 3 * * *"
+    assert check_schedules() == []
+    settings.DBWORKER = {**settings.DBWORKER, "SCHEDULES": {
+        "broken": {"task": "tests.testapp.tasks.add", "cron": "every day"},
+    }}
+    errors = check_schedules()
+    assert [e.id for e in errors] == ["django_dbworker.E004"]
+    assert "'broken'" in errors[0].msg
+    settings.DBWORKER = {**settings.DBWORKER, "SCHEDULES": {"x": {"cron": "* * * * *"}}}
+    assert "'task' and 'cron'" in check_schedules()[0].msg
