@@ -133,6 +133,7 @@ def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished) -> str:
         return GONE
     if not store.complete(c, outcome):
         raise LeaseLost(_lost(worker, c))
+    pending.add_siblings(worker, c.source_key, conf.get().DATABASE)
     return FINISHED if isinstance(outcome, Finished) else UNFINISHED
 
 
@@ -174,8 +175,11 @@ def _record_failure(c: Claim, exc: BaseException, started: float) -> Result:
         except DatabaseError:
             connection.close()
     info = FailureInfo.of(exc, "".join(tb.format_exception(exc)))
-    if not store.fail(c, info):
-        return _result(c, LOST, started, _lost(workers[c.worker], c), level=logging.WARNING)
+    worker = workers[c.worker]
+    with transaction.atomic(using=using):
+        if not store.fail(c, info):
+            return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
+        pending.add_siblings(worker, c.source_key, using)
     return _result(c, FAILED, started, f"{info.exception_class}: {info.message}",
                    level=logging.ERROR)
 

@@ -35,8 +35,7 @@ def run_until_idle(
         list(workers.values()) if worker_names is None else [workers[n] for n in worker_names]
     )
     config = conf.get()
-    for worker in selected:
-        pending.Sweeper(worker, config.SWEEP_BATCH).sweep_all()
+    sweepers = [pending.Sweeper(worker, config.SWEEP_BATCH) for worker in selected]
     run_tasks = worker_names is None if tasks is None else tasks
     claimant = Claimant()
     counts: Counter[str] = Counter()
@@ -47,6 +46,10 @@ def run_until_idle(
         if run_tasks:
             claims += taskstore.claim(None, 1, claimant, config.LEASE_SECONDS)
         if not claims:
+            # Rows written without save() that became eligible meanwhile (say, through
+            # another worker's status) have no pending unit yet: sweep before giving up.
+            if sum(sweeper.sweep_all() for sweeper in sweepers):
+                continue
             progress.close()
             return counts
         for claim in claims:

@@ -185,3 +185,21 @@ def test_deleting_a_source_row_is_never_blocked():
 
     item.delete()
     assert not Execution.objects.filter(source_id=str(item.pk)).exists()
+
+
+def test_dependent_worker_sees_rows_written_without_save_at_once():
+    Item.objects.bulk_create([Item() for _ in range(4)])
+    assert run_until_idle(["touch", "after_touch"]) == {"finished": 8}
+    from django_dbworker.claims import pending, store
+    from django_dbworker.claims.store import Claimant
+
+    # and without any sweep: touch's completion makes the row pending for after_touch
+    Item.objects.bulk_create([Item()])
+    new = Item.objects.order_by("-pk").first()
+    pending.Sweeper(workers["touch"], 100).sweep_all()
+    (c,) = store.claim(workers["touch"], 1, Claimant(), lease=30)
+    from django_dbworker.runner import run
+
+    run(c)
+    (after,) = store.claim(workers["after_touch"], 1, Claimant(), lease=30)
+    assert int(after.source_key) == new.pk

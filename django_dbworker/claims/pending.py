@@ -54,6 +54,20 @@ def add(worker: Worker, pks: Iterable[Any], using: str) -> int:
     return len(units)
 
 
+def add_siblings(worker: Worker, source_key: str, using: str) -> None:
+    """Make the row pending for the other workers over the same model.
+
+    Called when ``worker`` records a status for the row: a worker waiting on that status
+    (``has_execution_status`` in its eligible) can then claim it at once, even when the
+    row was written without ``save()`` and no sweep has seen it yet.
+    """
+    siblings = [w for w in workers.for_model(worker.source) if w.name != worker.name]
+    if siblings:
+        pk = keys.from_key(worker.source, source_key)
+        for sibling in siblings:
+            add(sibling, [pk], using)
+
+
 def on_save(sender: type[models.Model], instance: models.Model, raw: bool, using: str,
             **kwargs: Any) -> None:
     if raw:
