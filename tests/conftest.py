@@ -116,8 +116,9 @@ def runworkers(transactional_db: None, tmp_path: Path) -> Iterator[Callable[...,
         "PYTHONUNBUFFERED": "1",
     }
 
-    def start(*args: str, lease: float | None = None) -> Runworkers:
-        run_env = dict(env)
+    def start(*args: str, lease: float | None = None,
+              extra_env: dict[str, str] | None = None) -> Runworkers:
+        run_env = {**env, **(extra_env or {})}
         if lease is not None:
             run_env["DBWORKER_TEST_LEASE"] = str(lease)
         process = Runworkers(list(args), run_env, tmp_path / f"runworkers-{len(started)}.log")

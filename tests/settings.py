@@ -53,6 +53,10 @@ DBWORKER = {
     "SWEEP_INTERVAL": 2.0,
     "CONCURRENCY": 2,
 }
+if os.environ.get("DBWORKER_TEST_CRON"):  # the cron process test turns this schedule on
+    DBWORKER["SCHEDULES"] = {
+        "every_second": {"task": "tests.testapp.tasks.tick", "cron": "* * * * * */1"},
+    }
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -68,8 +68,16 @@ def test_each_tick_enqueued_once_by_any_number_of_schedulers():
 
 
 def test_decorator_registers_and_validates():
-    assert "every_second" in schedules()
     from django.tasks import task
+
+    from django_dbworker import scheduling
+    from tests.testapp import tasks
+
+    cron("*/5 * * * *", name="five", args=[1, 2])(tasks.add)
+    try:
+        assert schedules()["five"].task_path == "tests.testapp.tasks.add"
+    finally:
+        scheduling._declared.pop("five")
 
     def f():
         pass

@@ -319,20 +319,26 @@ def cancel_requested(task_ids: list[uuid.UUID]) -> list[uuid.UUID]:
     )
 
 
-def prune(older_than: timedelta, batch: int) -> int:
-    """Delete finished tasks older than ``older_than``, ``batch`` rows per statement."""
+def prune_batch(cutoff: datetime, batch: int) -> int:
+    """Delete up to ``batch`` tasks that finished before ``cutoff``."""
     using = _alias()
+    ids = list(
+        TaskRecord.objects.using(using)
+        .filter(in_states(TASK_FINISHED, "status"), finished_at__lt=cutoff)
+        .values_list("pk", flat=True)[:batch]
+    )
+    if not ids:
+        return 0
+    return TaskRecord.objects.using(using).filter(pk__in=ids).delete()[0]
+
+
+def prune(older_than: timedelta, batch: int) -> int:
+    """Delete every finished task older than ``older_than``, ``batch`` rows at a time."""
     cutoff = timezone.now() - older_than
     deleted = 0
-    while True:
-        ids = list(
-            TaskRecord.objects.using(using)
-            .filter(status__in=TASK_FINISHED, finished_at__lt=cutoff)
-            .values_list("pk", flat=True)[:batch]
-        )
-        if not ids:
-            return deleted
-        deleted += TaskRecord.objects.using(using).filter(pk__in=ids).delete()[0]
+    while n := prune_batch(cutoff, batch):
+        deleted += n
+    return deleted
 
 
 def claim_limited(

@@ -9,8 +9,8 @@ from multiprocessing.connection import Connection
 
 from django.db import DatabaseError, connections
 
-from .. import runner
 from ..db import use_immediate_transactions
+from . import units
 
 PR_SET_PDEATHSIG = 1
 
@@ -43,10 +43,10 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int) -
             if claim is None:
                 return
             try:
-                result = runner.run(claim)
+                result = units.run(claim)
             except DatabaseError as exc:
                 connections[using].close()
-                pipe.send(("db_error", claim.execution_id, str(exc)))
+                pipe.send(("db_error", str(units.describe(claim)), str(exc)))
                 continue
             done += 1
             retiring = bool(max_tasks and done >= max_tasks)

@@ -24,18 +24,14 @@ class Progress:
     def done(self) -> int:
         return sum(self.counts.values())
 
+    ORDER = ("finished", "successful", "unfinished", "retrying", "failed", "gone",
+             "lease_lost", "crashed")
+
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        c = self.counts
-        parts = [
-            f"{self.done} units",
-            f"finished {c['finished']}",
-            f"unfinished {c['unfinished']}",
-            f"failed {c['failed']}",
-        ]
-        if c["lease_lost"] or c["crashed"]:
-            parts.append(f"lost {c['lease_lost'] + c['crashed']}")
-        return ", ".join(parts) + f" | {self.done / elapsed:.1f}/s"
+        shown = [f"{name} {self.counts[name]}" for name in self.ORDER if self.counts[name]]
+        detail = f": {', '.join(shown)}" if shown else ""
+        return f"{self.done} units{detail} | {self.done / elapsed:.1f}/s"
 
     def show(self, force: bool = False) -> None:
         if self.stream is None:

@@ -20,9 +20,11 @@ from ..claims.store import Claimant, FailureInfo
 from ..db import use_immediate_transactions
 from ..logs import log_event
 from ..registry import Worker
-from . import pool
+from . import pool, units
 from .pool import Child, describe_exit
 from .progress import Progress
+from .taskwork import TaskWork
+from .units import Unit
 
 CHILD_DIED = "django_dbworker.exceptions.ChildProcessDied"
 #: Seconds a worker whose claim or sweep raised is left alone before it is tried again.
@@ -32,6 +34,9 @@ BROKEN_WORKER_PAUSE = 30.0
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Options:
     workers: list[Worker]
+    #: Run enqueued tasks too; ``queues`` None means every queue.
+    tasks: bool = False
+    queues: list[str] | None = None
     concurrency: int
     burst: bool = False
     max_tasks_per_child: int | None = None
@@ -50,7 +55,14 @@ class Supervisor:
         self.sweeping: set[int] = set()
         self.stop_requested_at: float | None = None
         self.hard_stop = False
-        self.retry_release: list[tuple[store.Claim, FailureInfo | None]] = []
+        self.retry_release: list[tuple[Unit, FailureInfo | None]] = []
+        self.tasks = (
+            # --burst runs what is there and stops; cron would keep it going forever
+            TaskWork(options.queues, config, self.claimant, schedule=not options.burst)
+            if options.tasks else None
+        )
+        self._last_claim = 0.0
+        self._sweep_started = 0.0
         self._rotation = 0
         self._next = {"renew": 0.0, "reap": 0.0, "sweep": 0.0}
         self._backoff = 0.0
@@ -65,6 +77,7 @@ class Supervisor:
         names = ",".join(w.name for w in self.options.workers)
         log_event(logging.INFO, "supervisor_started", supervisor=self.claimant.supervisor_id,
                   host=self.claimant.host, pid=self.claimant.pid, workers=names,
+                  tasks=",".join(self.options.queues or ["*"]) if self.tasks else "",
                   concurrency=self.options.concurrency, burst=self.options.burst)
         for slot in range(self.options.concurrency):
             self.children.append(self._start_child(slot))
@@ -100,7 +113,9 @@ class Supervisor:
                 self._database_down(exc)
             if (self.options.burst and not stopping and claimed == 0 and not self._busy()
                     and not self.sweeping and self._backoff == 0.0):
-                return self._burst_done()
+                if self._sweep_started > self._last_claim:
+                    return self._burst_done()
+                self._start_sweep(time.monotonic())  # rows may have become eligible since
             self.progress.show()
             room = any(ch.claim is None for ch in self.children)
             timeout = 0.0 if claimed and room else self._idle_timeout()
@@ -121,32 +136,46 @@ class Supervisor:
         running: dict[str, int] = {}
         for ch in self.children:
             if ch.claim is not None:
-                running[ch.claim.worker] = running.get(ch.claim.worker, 0) + 1
-        workers = self.options.workers
-        start = self._rotation % len(workers)
+                group = units.group(ch.claim)
+                running[group] = running.get(group, 0) + 1
+        sources: list[Worker | None] = [*self.options.workers]
+        if self.tasks is not None:
+            sources.append(None)  # None stands for the task queues
+        start = self._rotation % len(sources)
         self._rotation += 1
         claimed = 0
-        for worker in workers[start:] + workers[:start]:
-            room = min(len(idle), worker.concurrency - running.get(worker.name, 0))
-            if room <= 0 or self._broken.get(worker.name, 0.0) > time.monotonic():
-                continue
-            try:
-                claims = store.claim(worker, room, self.claimant, self.config.LEASE_SECONDS)
-            except Exception as exc:
-                self._worker_broken(worker, exc)
-                continue
+        for source in sources[start:] + sources[:start]:
+            claims = self._claim(source, idle, running)
             for c in claims:
                 claimed += 1  # work was found, even if it goes back below
                 child = idle.pop()
-                log_event(logging.DEBUG, "claimed", worker=c.worker, execution=c.execution_id,
-                          source=c.source_key, attempt=c.attempt, child=child.pid)
+                log_event(logging.DEBUG, "claimed", **units.describe(c), child=child.pid)
                 try:
                     child.dispatch(c)
                 except OSError:  # the child is gone; its exit is handled by its sentinel
-                    store.release(c, crashed=None, max_crashes=self.config.MAX_CRASHES)
+                    units.release(c, crashed=None, max_crashes=self.config.MAX_CRASHES)
             if not idle:
                 break
+        if claimed:
+            self._last_claim = time.monotonic()
         return claimed
+
+    def _claim(self, source: Worker | None, idle: list[Child],
+               running: dict[str, int]) -> list[Unit]:
+        name = "tasks" if source is None else source.name
+        if self._broken.get(name, 0.0) > time.monotonic():
+            return []
+        try:
+            if source is None:
+                assert self.tasks is not None
+                return list(self.tasks.claim(len(idle)))
+            room = min(len(idle), source.concurrency - running.get(source.name, 0))
+            if room <= 0:
+                return []
+            return list(store.claim(source, room, self.claimant, self.config.LEASE_SECONDS))
+        except Exception as exc:  # one bad source stops only itself
+            self._broken_source(name, exc)
+            return []
 
     def _burst_done(self) -> int:
         if self._broken:
@@ -155,18 +184,18 @@ class Supervisor:
             return 1
         return 0
 
-    def _worker_broken(self, worker: Worker, exc: Exception) -> None:
-        """A claim failed: a lost connection stops everything; anything else only this worker.
+    def _broken_source(self, name: str, exc: Exception) -> None:
+        """A claim failed: a lost connection stops everything; anything else only this source.
 
         A worker whose eligible queryset raises (a typo, a missing table) is skipped for a
         while and logged, so the other workers keep flowing.
         """
         if isinstance(exc, DatabaseError) and not self._connection_usable():
             raise exc
-        log_event(logging.ERROR, "claim_failed", worker=worker.name,
+        log_event(logging.ERROR, "claim_failed", source=name,
                   error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
                   retry_in=BROKEN_WORKER_PAUSE)
-        self._broken[worker.name] = time.monotonic() + BROKEN_WORKER_PAUSE
+        self._broken[name] = time.monotonic() + BROKEN_WORKER_PAUSE
 
     def _connection_usable(self) -> bool:
         connection = connections[self.using]
@@ -182,18 +211,19 @@ class Supervisor:
         third = self.config.LEASE_SECONDS / 3
         self._retry_releases()
         if now >= self._next["renew"]:
-            ids = [ch.claim.execution_id for ch in self.children if ch.claim is not None]
-            store.renew(self.claimant, ids, self.config.LEASE_SECONDS)
+            held = [ch.claim for ch in self.children if ch.claim is not None]
+            units.renew(self.claimant, held, self.config.LEASE_SECONDS)
             self._next["renew"] = now + third
+        if self.tasks is not None:
+            self.tasks.maintain(self.children, self._stop_child)
         if now >= self._next["reap"]:
-            reaped = store.reap(self.config.MAX_CRASHES)
+            reaped = units.reap(self.config.MAX_CRASHES, tasks=self.tasks is not None)
             if reaped:
                 log_event(logging.WARNING, "reaped", units=reaped,
                           reason="lease expired")
             self._next["reap"] = now + min(third, 5.0)
         if now >= self._next["sweep"]:
-            self.sweeping = set(range(len(self.sweepers)))
-            self._next["sweep"] = now + self.config.SWEEP_INTERVAL
+            self._start_sweep(now)
         for i in list(self.sweeping):
             sweeper = self.sweepers[i]
             if self._broken.get(sweeper.worker.name, 0.0) > now:
@@ -201,17 +231,22 @@ class Supervisor:
             try:
                 added, done = sweeper.step()
             except Exception as exc:
-                self._worker_broken(sweeper.worker, exc)
+                self._broken_source(sweeper.worker.name, exc)
                 continue
             if added:
                 log_event(logging.INFO, "swept", worker=sweeper.worker.name, added=added)
             if done:
                 self.sweeping.discard(i)
 
+    def _start_sweep(self, now: float) -> None:
+        self.sweeping = set(range(len(self.sweepers)))
+        self._sweep_started = now
+        self._next["sweep"] = now + self.config.SWEEP_INTERVAL
+
     def _retry_releases(self) -> None:
         while self.retry_release:
             c, crashed = self.retry_release[0]
-            store.release(c, crashed=crashed, max_crashes=self.config.MAX_CRASHES)
+            units.release(c, crashed=crashed, max_crashes=self.config.MAX_CRASHES)
             self.retry_release.pop(0)
 
     def _database_down(self, exc: DatabaseError) -> None:
@@ -277,7 +312,7 @@ class Supervisor:
         elif kind == "db_error":
             c, ch.claim = ch.claim, None
             log_event(logging.WARNING, "child_database_error", child=ch.pid,
-                      execution=message[1], error=message[2][:300])
+                      unit=message[1], error=message[2][:300])
             if c is not None:
                 self.retry_release.append((c, None))
 
@@ -292,10 +327,9 @@ class Supervisor:
                 f"the process running this unit (pid {ch.pid}) died while running it: {how}",
             )
             self.progress.add("crashed")
-            log_event(logging.ERROR, "child_died", worker=c.worker, execution=c.execution_id,
-                      source=c.source_key, attempt=c.attempt, child=ch.pid, reason=how)
+            log_event(logging.ERROR, "child_died", **units.describe(c), child=ch.pid, reason=how)
             try:
-                store.release(c, crashed=crashed, max_crashes=self.config.MAX_CRASHES)
+                units.release(c, crashed=crashed, max_crashes=self.config.MAX_CRASHES)
             except DatabaseError:
                 self.retry_release.append((c, crashed))
         elif not ch.retiring and not ch.stopping:
@@ -306,6 +340,12 @@ class Supervisor:
                 time.sleep(0.5)  # a child that dies at once should not spin
             self.children.append(self._start_child(ch.slot))
 
+    def _stop_child(self, ch: Child) -> None:
+        """Kill a child on purpose (its task timed out or was cancelled); replace it later."""
+        ch.claim = None
+        ch.retiring = True
+        ch.kill()
+
     def _cut_off(self, why: str) -> int:
         cut = [ch for ch in self.children if ch.claim is not None]
         for ch in self.children:
@@ -313,12 +353,11 @@ class Supervisor:
         for ch in cut:
             c = ch.claim
             ch.claim = None
-            log_event(logging.WARNING, "cut_off", worker=c.worker, execution=c.execution_id,
-                      source=c.source_key, reason=why)
+            log_event(logging.WARNING, "cut_off", **units.describe(c), reason=why)
             try:
-                store.release(c, crashed=None, max_crashes=self.config.MAX_CRASHES)
+                units.release(c, crashed=None, max_crashes=self.config.MAX_CRASHES)
             except DatabaseError as exc:
-                log_event(logging.ERROR, "release_failed", execution=c.execution_id,
+                log_event(logging.ERROR, "release_failed", **units.describe(c),
                           error=str(exc)[:300])
         return 1 if cut else 0
 

@@ -6,7 +6,7 @@ import time
 
 from django.tasks import task
 
-from django_dbworker import cron, set_progress
+from django_dbworker import set_progress
 
 from .models import Effect
 
@@ -101,7 +101,6 @@ async def async_add(a, b):
     return a + b
 
 
-@cron("* * * * * */1", name="every_second")
 @task
 def tick():
     Effect.objects.create(item_id=0, worker="tick", pid=os.getpid())

@@ -7,6 +7,8 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.tasks import task_backends
+from django.utils.module_loading import autodiscover_modules
 
 from django_dbworker import conf
 from django_dbworker.checks import in_memory_sqlite
@@ -26,6 +28,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--worker", action="append", dest="worker_names", metavar="NAME",
                             help="Run only this worker (repeatable; default: all workers).")
+        parser.add_argument("--queue", action="append", dest="queue_names", metavar="NAME",
+                            help="Run only tasks of this queue (repeatable). With neither "
+                                 "--worker nor --queue, every worker and every queue runs.")
         parser.add_argument("--concurrency", type=int, default=None,
                             help="Child processes (default: DBWORKER['CONCURRENCY']).")
         parser.add_argument("--burst", action="store_true",
@@ -43,7 +48,9 @@ class Command(BaseCommand):
                 f"DATABASES[{config.DATABASE!r}] is an in-memory SQLite database, which other "
                 "processes cannot see; give it a file NAME."
             )
-        selected = self._workers(options["worker_names"])
+        worker_names, queue_names = options["worker_names"], options["queue_names"]
+        selected = self._workers(worker_names) if worker_names or not queue_names else []
+        run_tasks, queues = self._queues(queue_names, everything=not worker_names)
         concurrency = options["concurrency"]
         concurrency = config.CONCURRENCY if concurrency is None else concurrency
         if concurrency < 1:
@@ -59,7 +66,8 @@ class Command(BaseCommand):
         self._check_migrations(config.DATABASE)
         self._configure_logging(options["verbosity"])
         supervisor = Supervisor(
-            Options(workers=selected, concurrency=concurrency, burst=options["burst"],
+            Options(workers=selected, tasks=run_tasks, queues=queues,
+                    concurrency=concurrency, burst=options["burst"],
                     max_tasks_per_child=max_tasks, grace_period=grace),
             config,
             progress=self.stdout._out if options["verbosity"] >= 1 else None,
@@ -68,18 +76,46 @@ class Command(BaseCommand):
         if code:
             sys.exit(code)
 
+    def _queues(self, names: list[str] | None, everything: bool) -> tuple[bool, list[str] | None]:
+        """Whether to run tasks, and of which queues (None: all of them)."""
+        from django_dbworker.backend import DBWorkerBackend
+
+        autodiscover_modules("tasks")
+        ours = [b for b in task_backends.all() if isinstance(b, DBWorkerBackend)]
+        configured = sorted({q for b in ours for q in b.queues})
+        if names:
+            if not ours:
+                raise CommandError(
+                    "--queue was given, but no TASKS backend uses "
+                    "django_dbworker.backend.DBWorkerBackend."
+                )
+            unknown = [n for n in names if n not in configured]
+            if unknown:
+                raise CommandError(
+                    f"Unknown queue(s) {', '.join(map(repr, unknown))}; the DBWorkerBackend "
+                    f"QUEUES are {', '.join(map(repr, configured))}."
+                )
+            return True, list(dict.fromkeys(names))
+        return bool(ours) and everything, None
+
     def _workers(self, names: list[str] | None) -> list[Any]:
         if not names:
-            if not workers:
+            if not workers and not self._has_task_backend():
                 raise CommandError(
-                    "No workers are registered. Declare them with @worker in a workers.py "
-                    "module of an app in INSTALLED_APPS."
+                    "No workers are registered and no TASKS backend uses DBWorkerBackend. "
+                    "Declare workers with @worker in a workers.py module of an app in "
+                    "INSTALLED_APPS, or configure TASKS."
                 )
             return list(workers.values())
         try:
             return [workers[name] for name in dict.fromkeys(names)]
         except UnknownWorker as exc:
             raise CommandError(str(exc)) from None
+
+    def _has_task_backend(self) -> bool:
+        from django_dbworker.backend import DBWorkerBackend
+
+        return any(isinstance(b, DBWorkerBackend) for b in task_backends.all())
 
     def _check_migrations(self, using: str) -> None:
         from django.db import DatabaseError, connections
@@ -102,5 +138,9 @@ class Command(BaseCommand):
         logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
         if not logger.handlers and not logging.getLogger().handlers:
             handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            # On a terminal, clear the progress line before a log line is written over it.
+            clear = "\r\033[K" if sys.stderr.isatty() and sys.stdout.isatty() else ""
+            handler.setFormatter(
+                logging.Formatter(clear + "%(asctime)s %(levelname)s %(message)s")
+            )
             logger.addHandler(handler)

@@ -1,0 +1,94 @@
+"""The supervisor's task duties: claiming by queue and rate, timeouts, cancellation, cron
+and retention. The supervisor owns the children; this says what to do with task units."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.utils import timezone
+
+from .. import task_registry
+from ..claims import taskstore
+from ..claims.store import Claimant, FailureInfo
+from ..claims.taskstore import TaskClaim
+from ..conf import Config
+from ..logs import log_event
+from ..models import TaskStatus
+from ..scheduling import Scheduler, schedules
+from .pool import Child
+
+TIMEOUT = "django_dbworker.exceptions.TaskTimeout"
+CANCELLED = "django_dbworker.exceptions.TaskCancelled"
+CANCEL_POLL = 0.5
+SCHEDULE_POLL = 1.0
+PRUNE_POLL = 10.0
+PRUNE_BATCH = 1000
+
+
+class TaskWork:
+    def __init__(self, queues: list[str] | None, config: Config, claimant: Claimant,
+                 *, schedule: bool = True) -> None:
+        self.queues = queues
+        self.config = config
+        self.claimant = claimant
+        known = task_registry.known()
+        self.limits = {path: t.rate_limit for path, t in known.items() if t.rate_limit}
+        self.timeouts = {path: t.timeout_seconds for path, t in known.items()
+                         if t.timeout_seconds}
+        self.scheduler = Scheduler(schedules() if schedule else {})
+        self._next = {"cancel": 0.0, "schedule": 0.0, "prune": 0.0}
+
+    def claim(self, room: int) -> list[TaskClaim]:
+        return taskstore.claim_limited(
+            self.queues, room, self.claimant, self.config.LEASE_SECONDS,
+            limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
+        )
+
+    def maintain(self, children: list[Child], stop: Callable[[Child], None]) -> None:
+        """Stop timed-out and cancelled tasks; enqueue due cron ticks; prune old tasks."""
+        now = time.monotonic()
+        running = [ch for ch in children if isinstance(ch.claim, TaskClaim)]
+        for ch in running:
+            limit = self.timeouts.get(ch.claim.task_path)
+            if limit and now - ch.claimed_at > limit:
+                self._stop(ch, stop, TaskStatus.FAILED, FailureInfo(
+                    TIMEOUT, f"the task ran longer than its timeout of {limit:g}s and its "
+                    "process was stopped"))
+        if now >= self._next["cancel"]:
+            self._next["cancel"] = now + CANCEL_POLL
+            by_id = {ch.claim.task_id: ch for ch in running if ch.claim is not None}
+            for task_id in taskstore.cancel_requested(list(by_id)):
+                self._stop(by_id[task_id], stop, TaskStatus.CANCELLED, FailureInfo(
+                    CANCELLED, "the task was cancelled while it ran and its process was "
+                    "stopped"))
+        if now >= self._next["schedule"] and self.scheduler.schedules:
+            self._next["schedule"] = now + SCHEDULE_POLL
+            self.scheduler.tick()
+        if now >= self._next["prune"] and self.config.RETENTION is not None:
+            self._next["prune"] = now + PRUNE_POLL
+            self._prune()
+
+    def _stop(self, ch: Child, stop: Callable[[Child], None], status: TaskStatus,
+              info: FailureInfo) -> None:
+        from ..task_runner import record_stopped
+
+        c = ch.claim
+        assert isinstance(c, TaskClaim)
+        stop(ch)  # the child is killed and forgotten before its unit is recorded
+        record_stopped(c.task_path, c, info, status=status)
+        log_event(logging.WARNING, "cancelled" if status == TaskStatus.CANCELLED else
+                  "timed_out", task=c.task_path, id=c.task_id, attempt=c.attempt,
+                  child=ch.pid)
+
+    def _prune(self) -> None:
+        retention = self.config.RETENTION
+        keep = retention if isinstance(retention, timedelta) else timedelta(seconds=retention)
+        cutoff = timezone.now() - keep
+        pruned = taskstore.prune_batch(cutoff, PRUNE_BATCH)
+        if pruned:
+            log_event(logging.INFO, "pruned", tasks=pruned, older_than=cutoff.isoformat())
+            if pruned == PRUNE_BATCH:
+                self._next["prune"] = 0.0  # more to do: next loop, not in 10 s

@@ -1,0 +1,55 @@
+"""The two kinds of unit a supervisor runs, behind one interface.
+
+A unit is a row-as-queue execution (``store.Claim``) or an enqueued task
+(``taskstore.TaskClaim``); the supervisor and its children use these functions and never
+ask which kind they hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..claims import store, taskstore
+from ..claims.store import Claim, Claimant, FailureInfo
+from ..claims.taskstore import TaskClaim
+
+type Unit = Claim | TaskClaim
+
+
+def run(c: Unit) -> Any:
+    if isinstance(c, TaskClaim):
+        from ..task_runner import run_task
+
+        return run_task(c)
+    from ..runner import run as run_execution
+
+    return run_execution(c)
+
+
+def release(c: Unit, *, crashed: FailureInfo | None, max_crashes: int) -> int:
+    module = taskstore if isinstance(c, TaskClaim) else store
+    return module.release(c, crashed=crashed, max_crashes=max_crashes)
+
+
+def renew(claimant: Claimant, claims: list[Unit], lease: float) -> int:
+    executions = [c.execution_id for c in claims if isinstance(c, Claim)]
+    tasks = [c.task_id for c in claims if isinstance(c, TaskClaim)]
+    return store.renew(claimant, executions, lease) + taskstore.renew(claimant, tasks, lease)
+
+
+def reap(max_crashes: int, *, tasks: bool) -> int:
+    reaped = store.reap(max_crashes)
+    return reaped + taskstore.reap(max_crashes) if tasks else reaped
+
+
+def describe(c: Unit) -> dict[str, Any]:
+    """Key/value context of a unit for log lines."""
+    if isinstance(c, TaskClaim):
+        return {"task": c.task_path, "id": c.task_id, "attempt": c.attempt}
+    return {"worker": c.worker, "execution": c.execution_id, "source": c.source_key,
+            "attempt": c.attempt}
+
+
+def group(c: Unit) -> str:
+    """What per-worker concurrency counts a unit against."""
+    return "task:" + c.task_path if isinstance(c, TaskClaim) else c.worker
