@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -17,8 +18,11 @@ class Config:
     DATABASE: str = "default"
     #: Seconds a claim stays valid without renewal; the supervisor renews every third of it.
     LEASE_SECONDS: float = 30.0
-    #: Seconds between claim attempts when there was nothing to claim.
+    #: Seconds between claim attempts when there was nothing to claim (and no wake-up).
     POLL_INTERVAL: float = 1.0
+    #: PostgreSQL: NOTIFY on new work and LISTEN in supervisors (turn off behind a
+    #: transaction-pooling PgBouncer, which cannot LISTEN; polling remains).
+    NOTIFY: bool = True
     #: Seconds running handlers get to finish after SIGTERM before they are cut off.
     GRACE_PERIOD: float = 30.0
     #: Times a unit may kill its process (or lose its lease) before it is marked FAILED.
@@ -71,6 +75,10 @@ def _check(key: str, value: Any) -> None:
         except ValueError as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from None
         return
+    if key == "NOTIFY":
+        if not isinstance(value, bool):
+            raise ImproperlyConfigured(f"{where} is {value!r}; it must be True or False.")
+        return
     if key == "SCHEDULES":
         if not isinstance(value, dict):
             raise ImproperlyConfigured(
@@ -108,6 +116,21 @@ def load() -> Config:
     return Config(**raw)
 
 
+_cached: Config | None = None
+
+
 def get() -> Config:
-    """The validated configuration (read anew each call, so override_settings works)."""
-    return load()
+    """The validated configuration, cached until a setting changes (override_settings)."""
+    global _cached
+    if _cached is None:
+        _cached = load()
+    return _cached
+
+
+def _forget(*, setting: str, **kwargs: Any) -> None:
+    global _cached
+    if setting in ("DBWORKER", "DATABASES", "TIME_ZONE"):
+        _cached = None
+
+
+setting_changed.connect(_forget, dispatch_uid="dbworker-conf")

@@ -17,7 +17,7 @@ from django.db import models
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from .. import conf, keys
+from .. import conf, keys, notify
 from ..models import Execution, State
 from ..registry import Worker, workers
 
@@ -66,6 +66,7 @@ def add_siblings(worker: Worker, source_key: str, using: str) -> None:
         pk = keys.from_key(worker.source, source_key)
         for sibling in siblings:
             add(sibling, [pk], using)
+        notify.announce(using, "rows")
 
 
 def on_save(sender: type[models.Model], instance: models.Model, raw: bool, using: str,
@@ -77,6 +78,7 @@ def on_save(sender: type[models.Model], instance: models.Model, raw: bool, using
         return
     for worker in interested:
         add(worker, [instance.pk], using)
+    notify.announce(using, "rows")
 
 
 def on_delete(sender: type[models.Model], instance: models.Model, using: str,

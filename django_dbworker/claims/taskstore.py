@@ -10,6 +10,10 @@
     READY       -> CANCELLED    cancel
     RETRYING    -> CANCELLED    cancel
     RUNNING     -> CANCELLED    cancel: the supervisor stops its process, then records it
+    FAILED      -> READY        retry (a person asks for another attempt)
+    CANCELLED   -> READY        retry
+    READY       -> (deleted)    purge
+    RETRYING    -> (deleted)    purge
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from django.db.models import F
 from django.tasks import Task
 from django.utils import timezone
 
-from .. import conf
+from .. import conf, notify
 from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
 from .queries import in_states
 from .store import Claimant, FailureInfo
@@ -34,6 +38,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "finish": frozenset({TaskStatus.RUNNING}),
     "cancel_waiting": frozenset({TaskStatus.READY, TaskStatus.RETRYING}),
     "cancel_running": frozenset({TaskStatus.RUNNING}),
+    "retry": frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED}),
+    "purge": frozenset(TASK_CLAIMABLE),
 }
 
 
@@ -91,10 +97,12 @@ def insert(rows: list[TaskRecord], *, idempotency_key: str | None) -> list[TaskR
     if idempotency_key is None:
         with transaction.atomic(using=using):
             manager.bulk_create(rows)
+            notify.announce(using, "task")
         return rows
     try:
         with transaction.atomic(using=using):
             manager.bulk_create(rows, ignore_conflicts=True)
+            notify.announce(using, "task")
     except IntegrityError:  # pragma: no cover - ignore_conflicts covers the key
         pass
     return [manager.get(idempotency_key=idempotency_key)]
@@ -378,3 +386,26 @@ def claim_limited(
         if overall is not None:
             overall.consume(len(claims))
     return claims
+
+
+# ----- operators' changes ---------------------------------------------------------------
+
+
+def retry(task_ids: list[Any]) -> int:
+    """Give FAILED or CANCELLED tasks another attempt now; how many changed.
+
+    Attempts and errors are kept: the task's own ``retries`` count from its first attempt,
+    so a manual retry of a task that used them all gets exactly one more attempt.
+    """
+    return TaskRecord.objects.using(_alias()).filter(
+        pk__in=task_ids, status__in=TRANSITIONS["retry"]
+    ).update(status=TaskStatus.READY, available_at=timezone.now(), finished_at=None,
+             cancel_requested_at=None, crashes=0, return_value=None)
+
+
+def purge(queues: list[str] | None) -> int:
+    """Delete the tasks waiting to run (READY, RETRYING) in ``queues`` (None: all)."""
+    qs = TaskRecord.objects.using(_alias()).filter(status__in=TRANSITIONS["purge"])
+    if queues is not None:
+        qs = qs.filter(queue_name__in=queues)
+    return qs.delete()[0]

@@ -1,0 +1,61 @@
+"""The supervisor's LISTEN connection: readable when another process announced work."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from django.db import connections
+
+from ..logs import log_event
+from ..notify import CHANNEL, enabled
+
+
+class Listener:
+    """A psycopg connection of its own in autocommit mode, LISTENing on our channel."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.active = enabled(using)
+        self._conn: Any = None
+
+    def fileno(self) -> int | None:
+        """The socket to wait on, connecting first if needed; None without LISTEN."""
+        if not self.active:
+            return None
+        if self._conn is None or self._conn.closed:
+            self._connect()
+        return None if self._conn is None else self._conn.fileno()
+
+    def drain(self) -> set[str]:
+        """The payloads announced since the last call."""
+        if self._conn is None:
+            return set()
+        try:
+            return {n.payload for n in self._conn.notifies(timeout=0)}
+        except Exception as exc:  # a lost LISTEN falls back to polling
+            log_event(logging.WARNING, "listen_lost", error=str(exc)[:200])
+            self.close()
+            return set()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
+
+    def _connect(self) -> None:
+        import psycopg
+
+        wrapper = connections[self.using]
+        params = wrapper.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        try:
+            self._conn = psycopg.connect(**params, autocommit=True)
+            self._conn.execute(f"LISTEN {CHANNEL}")
+        except Exception as exc:  # polling still works without it
+            log_event(logging.WARNING, "listen_failed", error=str(exc)[:200],
+                      fallback="polling")
+            self._conn = None
