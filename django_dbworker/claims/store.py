@@ -8,7 +8,8 @@ The state machine, written down once::
     WORKING     -> FINISHED     complete with the claim's token
     WORKING     -> UNFINISHED   complete with the token (Unfinished), release, reap
     WORKING     -> FAILED       fail with the token; release or reap after MAX_CRASHES
-    FAILED      -> UNFINISHED   reset_failed
+    FAILED      -> UNFINISHED   reset_failed (a person asks for another attempt)
+    FINISHED    -> UNFINISHED   reprocess (a person asks to run a finished unit again)
 
 A change whose guard does not match (wrong state, or a token that is no longer current)
 changes nothing and returns 0: that is how a process learns it lost its lease.
@@ -30,7 +31,7 @@ from .. import conf, keys
 from ..models import CLAIMABLE, Execution, Failure, State
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
-from .queries import candidates
+from .queries import candidates, in_states
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "claim": frozenset({State.PENDING, State.UNFINISHED}),
@@ -39,6 +40,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "release": frozenset({State.WORKING}),
     "reap": frozenset({State.WORKING}),
     "reset_failed": frozenset({State.FAILED}),
+    "reprocess": frozenset({State.FAILED, State.FINISHED}),
 }
 
 
@@ -101,11 +103,18 @@ def claim_sql(
     if connection.features.has_select_for_update_skip_locked:
         inner = inner.select_for_update(skip_locked=True, of=("self",))
     inner_sql, inner_params = inner.query.get_compiler(using).as_sql()
+    if connection.vendor == "postgresql":
+        # The candidates are picked once (an InitPlan), then updated by primary key. With
+        # ``id IN (...)`` the planner may join instead: a sequential scan of the whole table
+        # for a small one, and a join may run a LIMIT ... SKIP LOCKED subquery again.
+        picked = f"id = ANY(ARRAY({inner_sql}))"
+    else:
+        picked = f"id IN ({inner_sql})"
     sql = (
         f"UPDATE {table} SET state = %s, token = %s, supervisor_id = %s, "
         "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
         "started_at = %s, finished_at = NULL, lease_expires_at = %s "
-        f"WHERE id IN ({inner_sql}) RETURNING id, source_id, attempts"
+        f"WHERE {picked} RETURNING id, source_id, attempts"
     )
     params = [
         State.WORKING,
@@ -227,14 +236,18 @@ def renew(claimant: Claimant, execution_ids: list[int], lease: float) -> int:
     ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
 
 
+def expired(now: datetime, using: str) -> Any:
+    """The units whose lease expired, read through the index ``dbworker_execution_working``."""
+    return Execution.objects.using(using).filter(
+        in_states(TRANSITIONS["reap"]), lease_expires_at__lt=now
+    ).values_list("id", "attempts", "crashes", "token")[:1000]
+
+
 def reap(max_crashes: int) -> int:
     """Take back units whose lease expired (their process or supervisor is gone)."""
     using = _alias()
     now = timezone.now()
-    expired = Execution.objects.using(using).filter(
-        state__in=TRANSITIONS["reap"], lease_expires_at__lt=now
-    )
-    rows = list(expired.values_list("id", "attempts", "crashes", "token")[:1000])
+    rows = list(expired(now, using))
     reaped = 0
     for execution_id, attempt, _crashes, token in rows:
         c = Claim(execution_id, "", "", token, attempt, now)
@@ -264,5 +277,34 @@ def reset_failed(worker: Worker, pk: Any) -> bool:
 def waiting(worker: Worker) -> int:
     """Units of ``worker`` waiting to be claimed (eligible or not)."""
     return Execution.objects.using(_alias()).filter(
-        worker=worker.name, state__in=CLAIMABLE
+        in_states(CLAIMABLE), worker=worker.name  # counted in the claim index
     ).count()
+
+
+def _back_to_unfinished(qs: Any) -> int:
+    return qs.update(state=State.UNFINISHED, crashes=0, available_at=timezone.now(),
+                     finished_at=None)
+
+
+def reset_failed_ids(execution_ids: list[int]) -> int:
+    """Put the FAILED executions among ``execution_ids`` back to UNFINISHED; how many."""
+    return _back_to_unfinished(Execution.objects.using(_alias()).filter(
+        id__in=execution_ids, state__in=TRANSITIONS["reset_failed"]
+    ))
+
+
+def reprocess_ids(execution_ids: list[int]) -> int:
+    """Run FINISHED or FAILED executions again (back to UNFINISHED); how many changed."""
+    return _back_to_unfinished(Execution.objects.using(_alias()).filter(
+        id__in=execution_ids, state__in=TRANSITIONS["reprocess"]
+    ))
+
+
+def reprocess(worker: Worker, pks: list[Any]) -> int:
+    """Run ``worker`` again on these source rows where it FINISHED or FAILED."""
+    using = _alias()
+    return _back_to_unfinished(Execution.objects.using(using).filter(
+        worker=worker.name,
+        source_id__in=[keys.to_key(worker.source, pk, using) for pk in pks],
+        state__in=TRANSITIONS["reprocess"],
+    ))

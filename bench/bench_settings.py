@@ -1,0 +1,49 @@
+"""Django settings for the benchmarks: BENCH_DB=postgres|sqlite, BENCH_DB_NAME=<name or path>.
+
+The scripts set these variables for themselves and for the ``runworkers`` they start.
+BENCH_DB_NAME_LARGE, if set, is a second database of the same kind, the alias ``large``.
+"""
+
+import os
+
+SECRET_KEY = "bench-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["django_dbworker", "benchapp"]
+
+DB = os.environ.get("BENCH_DB", "sqlite")
+NAMES = {"default": os.environ.get("BENCH_DB_NAME", ""),
+         "large": os.environ.get("BENCH_DB_NAME_LARGE", "")}
+if DB == "postgres":
+    DATABASES = {
+        alias: {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+        }
+        for alias, name in NAMES.items() if name or alias == "default"
+    }
+elif DB == "sqlite":
+    DATABASES = {
+        alias: {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": name,
+            "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+        }
+        for alias, name in NAMES.items() if name or alias == "default"
+    }
+else:
+    raise RuntimeError(f"BENCH_DB={DB!r}: use 'postgres' or 'sqlite'.")
+
+#: The claim_cost benchmark switches DATABASE between "default" and "large".
+DBWORKER = {"DATABASE": "default", "LEASE_SECONDS": 60.0}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_dbworker": {"handlers": ["stderr"], "level": "WARNING"}},
+}

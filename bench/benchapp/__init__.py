@@ -1,0 +1,1 @@
+"""The benchmarks' source model and workers; used by nothing else."""

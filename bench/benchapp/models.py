@@ -1,0 +1,21 @@
+from django.db import models
+
+
+class Row(models.Model):
+    """A source row: the queue of the benchmark workers."""
+
+    #: Another indexed column to order by (the ``by_priority`` worker).
+    priority = models.IntegerField(db_index=True)
+    payload = models.CharField(max_length=64, default="")
+
+    def __str__(self) -> str:
+        return f"row {self.pk}"
+
+
+class Job(models.Model):
+    """The throughput benchmark's source row: one worker only, so each unit is one run."""
+
+    payload = models.CharField(max_length=64, default="")
+
+    def __str__(self) -> str:
+        return f"job {self.pk}"

@@ -1,0 +1,22 @@
+"""Workers whose handlers do nothing, so a benchmark measures only the machinery."""
+
+from benchapp.models import Job, Row
+from django_dbworker import Finished, worker
+
+
+@worker(source=Row)
+def by_pk(row):
+    """Claims in primary-key order (no eligible queryset: the default)."""
+    return Finished()
+
+
+@worker(source=Row, eligible=lambda: Row.objects.order_by("priority"))
+def by_priority(row):
+    """Claims in the order of another indexed column."""
+    return Finished()
+
+
+@worker(source=Job, concurrency=64)
+def noop(job):
+    """The throughput worker: as many units at once as runworkers has children."""
+    return Finished()

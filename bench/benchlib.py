@@ -1,0 +1,289 @@
+"""What the benchmarks share: throwaway databases, Django set-up, bulk loading, reporting.
+
+Each benchmark runs every database in a child process of its own (Django's settings are
+per process): ``per_database()`` starts ``<script> --child <db> --out <file>`` and gathers
+what the children wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "results"
+DATABASES = ("postgres", "sqlite")
+ROW_TABLE = "benchapp_row"  # benchapp.Row: the claim_cost workers' source, with "priority"
+JOB_TABLE = "benchapp_job"  # benchapp.Job: the throughput worker's source
+EXECUTION_TABLE = "django_dbworker_execution"
+
+
+def pg_connect_kwargs() -> dict[str, Any]:
+    return {
+        "host": os.environ.get("PGHOST", "127.0.0.1"),
+        "port": os.environ.get("PGPORT", "5432"),
+        "user": os.environ.get("PGUSER", "postgres"),
+    }
+
+
+@contextmanager
+def scratch_database(db: str, tag: str = "") -> Iterator[str]:
+    """A fresh, empty database for this process; yields its NAME; removes it afterwards.
+
+    PostgreSQL: ``dbworker_bench_<pid>[_<tag>]``, created and dropped here. SQLite: a file
+    in a temporary folder.
+    """
+    suffix = f"_{tag}" if tag else ""
+    if db == "postgres":
+        import psycopg
+
+        name = f"dbworker_bench_{os.getpid()}{suffix}"
+        with psycopg.connect(dbname="postgres", autocommit=True, **pg_connect_kwargs()) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            c.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield name
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+            with psycopg.connect(dbname="postgres", autocommit=True,
+                                 **pg_connect_kwargs()) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    else:
+        folder = tempfile.mkdtemp(prefix="dbworker_bench_")
+        try:
+            yield str(Path(folder) / f"bench{suffix}.sqlite3")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def environment(db: str, name: str, large: str = "") -> dict[str, str]:
+    """Environment for a process (ours or a ``runworkers``) using the bench settings.
+
+    ``large``: a second database of the same kind, the alias ``large``.
+    """
+    path = [str(BENCH), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {
+        **os.environ,
+        "BENCH_DB": db,
+        "BENCH_DB_NAME": name,
+        "BENCH_DB_NAME_LARGE": large,
+        "DJANGO_SETTINGS_MODULE": "bench_settings",
+        "PYTHONPATH": os.pathsep.join(p for p in path if p),
+    }
+
+
+def setup_django(db: str, name: str, large: str = "") -> None:
+    """Point this process at the database(s), set Django up and migrate."""
+    os.environ.update(environment(db, name, large))
+    for folder in (str(ROOT), str(BENCH)):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connections
+
+    for alias in settings.DATABASES:
+        # Connect each database while it is django_dbworker's, so that it gets the same
+        # connection set-up (SQLite: WAL, synchronous=NORMAL, busy timeout).
+        use_database(alias)
+        connections[alias].close()
+        connections[alias].ensure_connection()
+        call_command("migrate", database=alias, verbosity=0)
+    use_database("default")
+
+
+def use_database(alias: str) -> None:
+    """Make ``alias`` django_dbworker's database (``DBWORKER["DATABASE"]``) from now on."""
+    from django.conf import settings
+    from django.core.signals import setting_changed
+
+    if settings.DBWORKER.get("DATABASE") != alias:
+        settings.DBWORKER["DATABASE"] = alias
+        # What override_settings would announce: django_dbworker re-reads its settings.
+        setting_changed.send(sender=type(settings), setting="DBWORKER",
+                             value=settings.DBWORKER, enter=True)
+
+
+def load_rows(size: int, using: str = "default", table: str = ROW_TABLE) -> None:
+    """Empty our tables, then insert ``size`` source rows (ids 1..size) into ``table``, fast.
+
+    PostgreSQL: one INSERT ... SELECT over generate_series. SQLite: executemany in one
+    transaction. Rows get a payload and (``benchapp_row``) a scattered ``priority``.
+    """
+    from django.db import connections, transaction
+
+    connection = connections[using]
+    priority = table == ROW_TABLE
+    columns = "id, priority, payload" if priority else "id, payload"
+    everything = ("django_dbworker_failure", EXECUTION_TABLE, ROW_TABLE, JOB_TABLE)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"TRUNCATE {', '.join(everything)} RESTART IDENTITY CASCADE")
+            values = "i, (i::bigint * 7919) %% 1000003" if priority else "i"
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) SELECT {values}, 'payload ' || i "
+                "FROM generate_series(1, %s) i",
+                [size],
+            )
+            return
+        with transaction.atomic(using=using):
+            for name in everything:
+                cursor.execute(f"DELETE FROM {name}")
+            connection.connection.executemany(
+                f"INSERT INTO {table} ({columns}) VALUES ({'?, ?, ?' if priority else '?, ?'})",
+                (((i, (i * 7919) % 1000003, f"payload {i}") if priority else (i, f"payload {i}"))
+                 for i in range(1, size + 1)),
+            )
+
+
+def load_executions(worker: str, size: int, pending: int, using: str = "default",
+                    table: str = ROW_TABLE) -> None:
+    """Give every row of ``table`` an execution of ``worker``: the newest ``pending``
+    PENDING, the rest FINISHED (the history), as the pending set and the runner would have
+    left them.
+
+    Columns not named here get their model default, so new fields do not break loading.
+    """
+    from django.db import connections
+    from django.utils import timezone
+
+    from django_dbworker.models import Execution
+
+    connection = connections[using]
+    now = timezone.now()
+    finished = {"state": "FINISHED", "attempts": 1, "started_at": now, "finished_at": now}
+    waiting = {"state": "PENDING", "attempts": 0}
+    for values, where in ((finished, "id <= %s"), (waiting, "id > %s")):
+        values = {"available_at": now, "created_at": now, **values}
+        columns, expressions, params = [], [], []
+        for field in Execution._meta.concrete_fields:
+            if field.primary_key:
+                continue
+            columns.append(connection.ops.quote_name(field.column))
+            if field.name == "source_id":
+                expressions.append("CAST(id AS varchar(255))")
+            elif field.name == "sort_key":
+                expressions.append("id")
+            else:
+                value = worker if field.name == "worker" else values.get(
+                    field.name, field.get_default())
+                expressions.append("%s")
+                params.append(field.get_db_prep_save(value, connection))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {EXECUTION_TABLE} ({', '.join(columns)}) "
+                f"SELECT {', '.join(expressions)} FROM {table} WHERE {where}",
+                [*params, size - pending],
+            )
+
+
+def analyze(using: str = "default", source: str = ROW_TABLE) -> None:
+    """Fresh planner statistics (PostgreSQL: VACUUM ANALYZE, as autovacuum would)."""
+    from django.db import connections
+
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        for table in (source, EXECUTION_TABLE):
+            if connection.vendor == "postgresql":
+                cursor.execute(f"VACUUM (ANALYZE) {table}")
+            else:
+                cursor.execute(f"ANALYZE {table}")
+
+
+def machine() -> dict[str, Any]:
+    import django
+    import psycopg
+
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_gb": _memory_gb(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "psycopg": psycopg.__version__,
+        "sqlite": sqlite3.sqlite_version,
+        "postgres": None,
+    }
+    try:
+        with psycopg.connect(dbname="postgres", connect_timeout=5, **pg_connect_kwargs()) as c:
+            info["postgres"] = c.execute("SHOW server_version").fetchone()[0]
+    except psycopg.OperationalError:
+        pass
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _memory_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def summary(samples_ns: Sequence[int]) -> dict[str, float]:
+    """Median, 10th and 90th percentile of a sample, in microseconds."""
+    deciles = statistics.quantiles(samples_ns, n=10)
+    return {
+        "median": round(statistics.median(samples_ns) / 1000, 1),
+        "p10": round(deciles[0] / 1000, 1),
+        "p90": round(deciles[-1] / 1000, 1),
+        "n": len(samples_ns),
+    }
+
+
+def per_database(script: Path, dbs: Sequence[str], args: Sequence[str]) -> dict[str, Any]:
+    """Run ``script --child <db>`` for each database; return {db: what the child wrote}."""
+    found: dict[str, Any] = {}
+    for db in dbs:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            command = [sys.executable, str(script), "--child", db, "--out", out.name, *args]
+            print(f"--- {db}", file=sys.stderr, flush=True)
+            subprocess.run(command, check=True, cwd=ROOT)
+            found[db] = json.loads(Path(out.name).read_text())
+    return found
+
+
+def write_results(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / name
+    data = {"created_at": datetime.now(UTC).isoformat(timespec="seconds"), **data}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

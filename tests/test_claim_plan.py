@@ -1,0 +1,216 @@
+"""The claim statement goes through the claim index, however long the history.
+
+The table is realistic: 20,000 source rows, each with an execution, 99% of them FINISHED.
+We ask the database how it would run the exact statement ``store.claim()`` sends (plain
+``EXPLAIN``: nothing is executed) and check that it finds its candidates in the partial
+index ``dbworker_execution_claimable``, scans no table (source rows are fetched by primary
+key, one candidate at a time), and, for the pk-ordered worker, walks the index in claim
+order without a sort, so it stops after ``limit`` units. The reaper's query gets the same
+check against its own index.
+
+PostgreSQL is checked after ``ANALYZE``; SQLite both before (Django never runs ``ANALYZE``
+there, so that is how most SQLite databases are) and after.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_dbworker.claims import pending, store
+from django_dbworker.models import Execution, State
+from django_dbworker.registry import workers
+from tests.testapp.models import Item
+
+INDEX = "dbworker_execution_claimable"
+TABLE = Execution._meta.db_table
+SOURCE = Item._meta.db_table
+ROWS_PER_WORKER = 10_000
+NEWEST_PENDING = 50
+SCATTERED_PENDING = 50
+ANALYZED = [True] if os.environ.get("DBWORKER_TEST_DB") == "postgres" else [False, True]
+
+# Transactional, so every test starts from freshly created tables: what a rolled-back test
+# leaves behind (dead rows, PostgreSQL's table size estimates) would change the next plan.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=ANALYZED, ids=lambda analyzed: "analyzed" if analyzed else "no-stats")
+def history(request: pytest.FixtureRequest) -> dict[str, list[int]]:
+    """Per worker ("touch", "ranked"): 10,000 Items with an execution; 100 of them pending.
+
+    The pending ones are the newest rows (the worst case for anything that walks the
+    history in pk order) plus some scattered through it. Returns their primary keys.
+    """
+    quote = connection.ops.quote_name
+    now = timezone.now()
+    waiting: dict[str, list[int]] = {}
+    with connection.cursor() as cursor:
+        for kind in ("touch", "ranked"):
+            cursor.executemany(
+                f"INSERT INTO {quote(SOURCE)} (kind, action, enabled, {quote('rank')}, steps) "
+                "VALUES (%s, 'ok', %s, %s, 0)",
+                [(kind, True, (i * 7919) % 10_007) for i in range(ROWS_PER_WORKER)],
+            )
+            pks = list(Item.objects.filter(kind=kind).order_by("pk").values_list("pk", flat=True))
+            step = ROWS_PER_WORKER // SCATTERED_PENDING
+            chosen = pks[step // 2 : -NEWEST_PENDING : step] + pks[-NEWEST_PENDING:]
+            pending.add(workers[kind], chosen, connection.alias)
+            # Everything else is history: one FINISHED execution per source row.
+            finished = {"worker": kind, "state": State.FINISHED, "attempts": 1,
+                        "available_at": now, "created_at": now, "started_at": now,
+                        "finished_at": now}
+            columns, values, params = [], [], []
+            for field in Execution._meta.concrete_fields:
+                if field.primary_key:
+                    continue
+                columns.append(quote(field.column))
+                if field.name in ("source_id", "sort_key"):
+                    values.append("CAST(id AS varchar(255))" if field.name == "source_id"
+                                  else "id")
+                    continue
+                values.append("%s")
+                value = finished.get(field.name, field.get_default())
+                params.append(field.get_db_prep_save(value, connection))
+            cursor.execute(
+                f"INSERT INTO {quote(TABLE)} ({', '.join(columns)}) "
+                f"SELECT {', '.join(values)} FROM {quote(SOURCE)} WHERE kind = %s AND id NOT IN "
+                f"(SELECT sort_key FROM {quote(TABLE)} WHERE worker = %s)",
+                [*params, kind, kind],
+            )
+            waiting[kind] = chosen
+        if request.param:
+            for table in (TABLE, SOURCE):
+                cursor.execute(f"ANALYZE {quote(table)}")
+    assert Execution.objects.count() == 2 * ROWS_PER_WORKER
+    assert Execution.objects.filter(state=State.PENDING).count() == 200
+    return waiting
+
+
+def claim_statement(worker_name: str, limit: int) -> tuple[str, list[Any]]:
+    """The statement ``store.claim()`` would send now, with its parameters."""
+    now = timezone.now()
+    with transaction.atomic():  # the candidate subquery is SELECT ... FOR UPDATE
+        return store.claim_sql(workers[worker_name], limit, store.Claimant(),
+                               token=uuid.uuid4(), now=now, expires=now + timedelta(seconds=30))
+
+
+def explain(worker_name: str, limit: int) -> Any:
+    """PostgreSQL: the plan tree (JSON). SQLite: the EXPLAIN QUERY PLAN detail lines."""
+    sql, params = claim_statement(worker_name, limit)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            return cursor.fetchone()[0][0]["Plan"]
+        cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+        return [row[-1] for row in cursor.fetchall()]
+
+
+def walk(node: dict[str, Any], above: tuple[dict[str, Any], ...] = ()) -> Iterator[
+    tuple[dict[str, Any], tuple[dict[str, Any], ...]]
+]:
+    """Every node of a PostgreSQL plan with the nodes above it (nearest last)."""
+    yield node, above
+    for child in node.get("Plans", []):
+        yield from walk(child, (*above, node))
+
+
+def claim_index_scans(plan: Any) -> list[tuple[dict[str, Any], tuple[dict[str, Any], ...]]]:
+    return [(n, above) for n, above in walk(plan) if n.get("Index Name") == INDEX]
+
+
+def describe(plan: Any) -> str:
+    if isinstance(plan, list):
+        return "\n".join(plan)
+    return "\n".join(
+        "  " * len(above) + n["Node Type"] + (f" on {n['Relation Name']}"
+                                              if "Relation Name" in n else "")
+        + (f" using {n['Index Name']}" if "Index Name" in n else "")
+        for n, above in walk(plan)
+    )
+
+
+def assert_reads_only_by_index(plan: Any) -> None:
+    """The claim index finds the candidates; nothing is read in full, not even the source
+    table: its rows are fetched by primary key, one candidate at a time."""
+    if connection.vendor == "postgresql":
+        assert claim_index_scans(plan), describe(plan)
+        assert not any(n["Node Type"] == "Seq Scan" for n, _ in walk(plan)), describe(plan)
+        source_scans = [n for n, _ in walk(plan) if n.get("Relation Name") == SOURCE]
+        assert source_scans, describe(plan)
+        assert all(n.get("Index Name") == f"{SOURCE}_pkey" for n in source_scans), describe(plan)
+    else:
+        assert any(f"USING INDEX {INDEX} " in line for line in plan), describe(plan)
+        # "SCAN x" reads all of x (a table or one of its indexes); "SEARCH x" seeks in it.
+        assert not any(line.startswith("SCAN ") for line in plan), describe(plan)
+        assert not any("sqlite_autoindex" in line for line in plan), describe(plan)
+
+
+@pytest.mark.parametrize("limit", [1, 10])
+def test_pk_ordered_claim_walks_the_claim_index_in_order(history, limit):
+    plan = explain("touch", limit)
+    assert_reads_only_by_index(plan)
+    if connection.vendor == "postgresql":
+        ((scan, above),) = claim_index_scans(plan)
+        assert scan["Node Type"] == "Index Scan", describe(plan)  # ordered, not a bitmap
+        assert scan["Scan Direction"] == "Forward", describe(plan)
+        # Between the Limit and the index scan nothing sorts or collects all candidates,
+        # so the scan stops after ``limit`` eligible units.
+        below_limit = above[max(i for i, n in enumerate(above) if n["Node Type"] == "Limit"):]
+        assert {n["Node Type"] for n in below_limit} <= {"Limit", "LockRows", "Nested Loop"}, (
+            describe(plan)
+        )
+        assert not any("Sort" in n["Node Type"] for n, _ in walk(plan)), describe(plan)
+    else:
+        assert not any("TEMP B-TREE" in line for line in plan), describe(plan)
+
+    claims = store.claim(workers["touch"], limit, store.Claimant(), 30)
+    expected = sorted(history["touch"])[:limit]
+    assert sorted(int(c.source_key) for c in claims) == expected
+
+
+@pytest.mark.parametrize("limit", [1, 10])
+def test_claim_in_another_order_reads_only_the_claim_index(history, limit):
+    plan = explain("ranked", limit)
+    # Ordered by a value of the source row, the claim must sort the worker's waiting units:
+    # its cost follows the pending work (100 units here), never the 10,000-row history.
+    assert_reads_only_by_index(plan)
+    if connection.vendor == "postgresql":
+        ((scan, _),) = claim_index_scans(plan)
+        assert scan["Plan Rows"] <= 10 * (NEWEST_PENDING + SCATTERED_PENDING), describe(plan)
+
+    claims = store.claim(workers["ranked"], limit, store.Claimant(), 30)
+    ranks = dict(Item.objects.filter(pk__in=history["ranked"]).values_list("pk", "rank"))
+    by_rank = sorted(ranks, key=lambda pk: (-ranks[pk], pk))
+    assert {int(c.source_key) for c in claims} == set(by_rank[:limit])
+
+
+def test_reaper_reads_only_the_working_index(history):
+    """The reaper (every few seconds, in every supervisor) must not read the history either."""
+    Execution.objects.filter(source_id__in=[str(pk) for pk in history["touch"][:5]]).update(
+        state=State.WORKING, lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    sql, params = store.expired(timezone.now(), connection.alias).query.sql_with_params()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0][0]["Plan"]
+            scans = [n for n, _ in walk(plan) if n.get("Relation Name") == TABLE]
+            assert [n.get("Index Name") for n in scans] == ["dbworker_execution_working"], (
+                describe(plan)
+            )
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+            lines = [row[-1] for row in cursor.fetchall()]
+            assert any("USING INDEX dbworker_execution_working " in line for line in lines), (
+                describe(lines)
+            )
+            assert not any(line.startswith("SCAN ") for line in lines), describe(lines)
+    assert len(store.expired(timezone.now(), connection.alias)) == 5
