@@ -397,3 +397,22 @@ def test_backend_check_requires_installed_app(settings):
     settings.INSTALLED_APPS = [a for a in settings.INSTALLED_APPS if a != "django_dbworker"]
     errors = list(backend.check())
     assert [e.id for e in errors] == ["django_dbworker.E010"]
+
+
+def test_aenqueue_and_aget_result():
+    from asgiref.sync import async_to_sync
+
+    async def go():
+        result = await tasks.add.aenqueue(4, 5)
+        fetched = await default_task_backend.aget_result(result.id)
+        return result, fetched
+
+    result, fetched = async_to_sync(go)()
+    assert fetched.id == result.id and fetched.status == TaskResultStatus.READY
+    run_until_idle()
+
+    async def refresh():
+        await result.arefresh()
+
+    async_to_sync(refresh)()
+    assert result.return_value == 9
