@@ -1,8 +1,10 @@
 # shellcheck shell=bash
 # Sourced by scripts/test and scripts/demo: find Python >= 3.12, then make sure the
-# project's virtualenv (.venv in the project root) exists and has `pip install -e ".[dev]"`
-# of the current pyproject.toml. Afterwards $ROOT is the project root, $VENV the virtualenv,
-# $PY its python, and $VENV/bin is first on PATH.
+# project's virtualenv (.venv in the project root) exists and has
+# `pip install -e ".[dev,example]"` of the current pyproject.toml (the example extra is
+# what example_project/ needs: scripts/demo runs it, scripts/test tests it). Afterwards
+# $ROOT is the project root, $VENV the virtualenv, $PY its python, and $VENV/bin is first
+# on PATH.
 #
 # The interpreter is looked for in this order: $PYTHON; python3.14/3.13/3.12, python3 and
 # python on PATH; pyenv's installs ($(pyenv root)/versions/3.1[2-9]*). Set PYTHON to choose.
@@ -11,6 +13,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 MIN_PYTHON="3.12"
+_DBW_EXTRAS="dev,example"
 
 _dbw_say() { printf '%s\n' "$*" >&2; }
 
@@ -90,22 +93,24 @@ _dbw_setup() {
         fi
     fi
     stamp="$VENV/.dbworker-installed"
-    wanted="$("$PY" - "$ROOT/pyproject.toml" <<'EOF'
+    wanted="$("$PY" - "$ROOT/pyproject.toml" "$_DBW_EXTRAS" <<'EOF'
 import hashlib, sys
-print(hashlib.sha256(open(sys.argv[1], "rb").read() + sys.version.encode()).hexdigest())
+print(hashlib.sha256(open(sys.argv[1], "rb").read() + sys.version.encode()
+                     + sys.argv[2].encode()).hexdigest())
 EOF
 )" || return 1
     if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         if [ -f "$stamp" ]; then
-            _dbw_say "Installing django-dbworker[dev] into .venv (pyproject.toml changed) ..."
+            _dbw_say "Installing django-dbworker[$_DBW_EXTRAS] into .venv (pyproject.toml" \
+                "changed) ..."
         else
-            _dbw_say "Installing django-dbworker[dev] into .venv ..."
+            _dbw_say "Installing django-dbworker[$_DBW_EXTRAS] into .venv ..."
         fi
         log="$VENV/pip-install.log"
-        if ! (cd "$ROOT" && "$PY" -m pip install --disable-pip-version-check -e ".[dev]") \
-                >"$log" 2>&1; then
+        if ! (cd "$ROOT" && "$PY" -m pip install --disable-pip-version-check \
+                -e ".[$_DBW_EXTRAS]") >"$log" 2>&1; then
             tail -n 40 "$log" >&2
-            _dbw_say "error: 'pip install -e \".[dev]\"' failed; full log: $log"
+            _dbw_say "error: 'pip install -e \".[$_DBW_EXTRAS]\"' failed; full log: $log"
             return 1
         fi
         printf '%s\n' "$wanted" >"$stamp"

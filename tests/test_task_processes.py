@@ -156,3 +156,23 @@ def test_queue_selection(runworkers):
     bad = runworkers("--burst", "--queue", "nope")
     assert bad.wait(60) != 0
     assert "Unknown queue(s) 'nope'" in bad.output()
+
+
+def test_postgres_wakes_idle_supervisors_without_polling(runworkers, vendor):
+    if vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite polls")
+    p = runworkers("--concurrency", "1", extra_env={"DBWORKER_TEST_POLL": "60"})
+    warm = tasks.add.enqueue(1, 1)  # the first claim happens at start, before any poll
+    wait_for(lambda: status_of(warm.id) == TaskStatus.SUCCESSFUL, what="the first task")
+    time.sleep(0.5)  # now it waits: the next poll is a minute away
+    for _ in range(3):
+        started = time.monotonic()
+        result = tasks.add.enqueue(2, 2)
+        wait_for(lambda r=result: status_of(r.id) == TaskStatus.SUCCESSFUL, timeout=10,
+                 what="a task woken by NOTIFY")
+        assert time.monotonic() - started < 5
+        item = Item.objects.create()
+        wait_for(lambda i=item: Effect.objects.filter(item_id=i.pk, worker="touch").exists(),
+                 timeout=10, what="a saved row woken by NOTIFY")
+    p.signal(signal.SIGTERM)
+    assert p.wait(30) == 0

@@ -1,7 +1,8 @@
 """Settings of the example project: SQLite file by default, PostgreSQL via DATABASE_URL.
 
 DATABASE_URL=postgres://user:password@host:5432/name uses PostgreSQL instead;
-DATABASE_URL=sqlite:////absolute/path.sqlite3 another SQLite file.
+DATABASE_URL=sqlite:////absolute/path.sqlite3 another SQLite file. MEDIA_ROOT=/path puts
+the uploads somewhere else than example_project/media/.
 """
 
 import os
@@ -24,7 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_dbworker",
-    "documents",
+    "images",
 ]
 
 MIDDLEWARE = [
@@ -96,9 +97,26 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
+MEDIA_URL = "media/"
+MEDIA_ROOT = os.environ.get("MEDIA_ROOT") or BASE_DIR / "media"
+
+# Enqueued tasks (images/tasks.py) are stored in the database and run by runworkers too.
+TASKS = {"default": {"BACKEND": "django_dbworker.backend.DBWorkerBackend"}}
+
+# Mail is printed by the process that sends it: runworkers, for the tasks.
+EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+DEFAULT_FROM_EMAIL = "images@example.com"
+IMAGES_NOTIFY_EMAIL = "admin@example.com"  # who gets duplicate notices and the digest
 
 # Every key is optional; these are small values so the demo moves briskly.
 DBWORKER = {
     "POLL_INTERVAL": 0.2,
     "SWEEP_INTERVAL": 5.0,
+}
+
+# Django logs every task start and finish at INFO; the demo shows its own progress instead.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "loggers": {"django.tasks": {"level": "WARNING"}},
 }
