@@ -38,18 +38,20 @@ def _side_connection(using: str) -> BaseDatabaseWrapper:
     return connection
 
 
-def set_progress(percent: float, message: str | None = None) -> None:
-    """Record progress (0-100) of the task or handler running in this process."""
+def set_progress(percent: float, message: str | None = None) -> bool:
+    """Record progress (0-100) of the task or handler running in this process.
+
+    Returns False, recording nothing, when no unit runs here (say, a handler called
+    directly in a unit test); bad values raise wherever it is called.
+    """
     unit = current.get()
-    if unit is None:
-        raise RuntimeError(
-            "set_progress() was called outside a running task or worker handler."
-        )
     if isinstance(percent, bool) or not isinstance(percent, int | float) \
             or not 0 <= percent <= 100:
         raise ValueError(f"set_progress({percent!r}): percent must be a number from 0 to 100.")
     if message is not None and not isinstance(message, str):
         raise TypeError(f"set_progress(message={message!r}): message must be a string.")
+    if unit is None:
+        return False
     text = (message or "")[:255]
     using = conf.get().DATABASE
     main = connections[using]
@@ -58,7 +60,7 @@ def set_progress(percent: float, message: str | None = None) -> None:
     if main.vendor == "sqlite" and main.in_atomic_block:
         model.objects.using(using).filter(pk=key).update(progress=percent,
                                                           progress_message=text)
-        return
+        return True
     side = _side_connection(using)
     table = side.ops.quote_name(model._meta.db_table)
     pk = model._meta.pk.get_db_prep_value(model._meta.pk.to_python(key), side)
@@ -67,6 +69,7 @@ def set_progress(percent: float, message: str | None = None) -> None:
             f"UPDATE {table} SET progress = %s, progress_message = %s WHERE id = %s",
             [float(percent), text, pk],
         )
+    return True
 
 
 def close() -> None:

@@ -284,6 +284,15 @@ def test_idempotency_key_returns_the_existing_result():
     assert after.id == first.id and after.return_value == 3
 
 
+def test_idempotency_key_with_enqueue_on_commit_names_the_stored_task():
+    first = tasks.add.using(idempotency_key="k-commit").enqueue(1, 2)
+    with transaction.atomic():
+        again = tasks.add.using(idempotency_key="k-commit", enqueue_on_commit=True).enqueue(3, 4)
+    assert again.id == first.id
+    assert default_task_backend.get_result(again.id).args == [1, 2]
+    assert TaskRecord.objects.count() == 1
+
+
 def test_idempotency_key_race_across_threads(vendor):
     if vendor == "sqlite":
         pytest.skip("SQLite serialises writers; the process test covers it there")
@@ -355,9 +364,12 @@ def test_async_task():
     assert result.return_value == 4
 
 
-def test_progress_outside_a_task_is_an_error():
-    with pytest.raises(RuntimeError, match="outside a running task"):
-        django_dbworker.set_progress(10)
+def test_progress_outside_a_unit_records_nothing_but_checks_values():
+    assert django_dbworker.set_progress(10) is False
+    with pytest.raises(ValueError, match="from 0 to 100"):
+        django_dbworker.set_progress(101)
+    with pytest.raises(TypeError, match="message must be a string"):
+        django_dbworker.set_progress(5, message=3)
 
 
 def test_progress_is_recorded():

@@ -33,6 +33,8 @@ from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
 from .queries import in_states
 from .store import Claimant, FailureInfo
 
+KEY_NAMESPACE = uuid.UUID("5d1c2f7e-3b0a-4c7e-9a51-6f0d8b9e2c41")
+
 TRANSITIONS: dict[str, frozenset[str]] = {
     "claim": frozenset(TASK_CLAIMABLE),
     "finish": frozenset({TaskStatus.RUNNING}),
@@ -73,8 +75,11 @@ def new_record(task: Task, args: list[Any], kwargs: dict[str, Any]) -> TaskRecor
     run_after = task.run_after
     if isinstance(run_after, timedelta):
         run_after = now + run_after
+    key = getattr(task, "idempotency_key", None)
     return TaskRecord(
-        id=uuid.uuid4(),
+        # A keyed task's id follows from its key, so a result handed out before the row
+        # is stored (enqueue on commit) names the task that holds the key, whoever wrote it.
+        id=uuid.uuid5(KEY_NAMESPACE, key) if key else uuid.uuid4(),
         task_path=task.module_path,
         backend=task.backend,
         queue_name=task.queue_name,
@@ -85,7 +90,7 @@ def new_record(task: Task, args: list[Any], kwargs: dict[str, Any]) -> TaskRecor
         run_after=run_after,
         available_at=run_after or now,
         enqueued_at=now,
-        idempotency_key=getattr(task, "idempotency_key", None),
+        idempotency_key=key,
         schedule=getattr(task, "_schedule", ""),
     )
 
