@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DatabaseError, connections
+from django.db.models import CompositePrimaryKey
 
 from . import conf
 from .registry import workers
@@ -53,6 +55,16 @@ def _testing(alias: str) -> bool:
 def check_workers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
     for worker in workers.values():
+        pk = worker.source._meta.pk
+        if pk is None or isinstance(pk, CompositePrimaryKey):
+            errors.append(Error(
+                f"Worker {worker.name!r}: its source {worker.source._meta.label} has no "
+                "single-column primary key, which row-as-queue workers need.",
+                hint="Give the model an id field or another single-column primary key.",
+                obj=worker.handler,
+                id="django_dbworker.E005",
+            ))
+            continue
         try:
             worker.eligible_queryset()
         except Exception as exc:
@@ -76,3 +88,32 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         return [Error(str(exc), hint="Fix the cron expression or options of that schedule.",
                       id="django_dbworker.E004")]
     return []
+
+
+@register(Tags.database)
+def check_migrations(app_configs: Any = None, databases: Any = None,
+                     **kwargs: Any) -> list[CheckMessage]:
+    """Our tables are not migrated on DBWORKER["DATABASE"] (only with ``--database``).
+
+    A warning, not an error: ``migrate`` runs database checks too, and must not refuse to
+    apply the very migrations this reports.
+    """
+    from django.db.migrations.executor import MigrationExecutor
+
+    alias = conf.get().DATABASE
+    if not databases or alias not in databases or sys.argv[1:2] == ["migrate"]:
+        return []  # (migrate checks before it applies the very migrations this reports)
+    try:
+        executor = MigrationExecutor(connections[alias])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except DatabaseError:
+        return []
+    ours = [m.name for m, _ in plan if m.app_label == "django_dbworker"]
+    if not ours:
+        return []
+    return [Warning(
+        f"Database {alias!r} lacks {len(ours)} migration(s) of django_dbworker "
+        f"({', '.join(ours)}); runworkers, the admin and the tasks backend need them.",
+        hint="Run 'manage.py migrate django_dbworker'.",
+        id="django_dbworker.W002",
+    )]

@@ -45,9 +45,17 @@ class Config:
     TASK_RATE_LIMIT: str | None = None
     #: Cron schedules: {name: {"task": "app.tasks.f", "cron": "*/5 * * * *", ...}}.
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: How runworkers writes its log: "text" (key=value) or "json" (one object per line).
+    LOG_FORMAT: str = "text"
+    #: The health view answers 503 when a worker or queue waited longer than this many
+    #: seconds (None: lag is not checked)...
+    HEALTH_MAX_LAG: float | None = 300.0
+    #: ...or when fewer supervisors than this are alive.
+    HEALTH_MIN_SUPERVISORS: int = 1
 
 
 _NUMBERS = (int, float)
+LOG_FORMATS = ("text", "json")
 _POSITIVE = {"LEASE_SECONDS", "POLL_INTERVAL", "SWEEP_INTERVAL", "SQLITE_BUSY_TIMEOUT"}
 _AT_LEAST_ONE = {
     "MAX_CRASHES", "SWEEP_BATCH", "CONCURRENCY", "MAX_TASKS_PER_CHILD", "RESULT_MAX_BYTES",
@@ -63,7 +71,18 @@ def _check(key: str, value: Any) -> None:
                 f"({', '.join(sorted(settings.DATABASES))})."
             )
         return
-    if key in ("MAX_TASKS_PER_CHILD", "RETENTION", "TASK_RATE_LIMIT") and value is None:
+    if key in ("MAX_TASKS_PER_CHILD", "RETENTION", "TASK_RATE_LIMIT", "HEALTH_MAX_LAG") \
+            and value is None:
+        return
+    if key == "LOG_FORMAT":
+        if value not in LOG_FORMATS:
+            raise ImproperlyConfigured(
+                f"{where} is {value!r}; it must be one of {', '.join(map(repr, LOG_FORMATS))}."
+            )
+        return
+    if key == "HEALTH_MIN_SUPERVISORS":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ImproperlyConfigured(f"{where} is {value!r}; it must be an integer >= 0.")
         return
     if key == "RETENTION" and isinstance(value, timedelta):
         value = value.total_seconds()
@@ -91,7 +110,7 @@ def _check(key: str, value: Any) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, _NUMBERS):
         raise ImproperlyConfigured(f"{where} is {value!r}; it must be a number of seconds.")
-    if key in _POSITIVE | {"RETENTION"} and value <= 0:
+    if key in _POSITIVE | {"RETENTION", "HEALTH_MAX_LAG"} and value <= 0:
         raise ImproperlyConfigured(f"{where} is {value!r}; it must be greater than 0.")
     if value < 0:
         raise ImproperlyConfigured(f"{where} is {value!r}; it must not be negative.")

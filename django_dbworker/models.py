@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 
 from django.db import models
 from django.db.models import Q
@@ -214,3 +215,68 @@ class RateBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.tokens:.2f}"
+
+
+class SupervisorQuerySet(models.QuerySet["Supervisor"]):
+    """Which supervisors are alive: their heartbeat is younger than their lease."""
+
+    def alive(self, now: datetime | None = None) -> SupervisorQuerySet:
+        return self.filter(stopped_at__isnull=True, heartbeat_expires_at__gte=now or timezone.now())
+
+    def dead(self, now: datetime | None = None) -> SupervisorQuerySet:
+        """Stopped beating without saying they stopped: killed, crashed or cut off."""
+        return self.filter(stopped_at__isnull=True, heartbeat_expires_at__lt=now or timezone.now())
+
+    def stopped(self) -> SupervisorQuerySet:
+        return self.filter(stopped_at__isnull=False)
+
+    def recent(self, within: timedelta = timedelta(days=1)) -> SupervisorQuerySet:
+        return self.filter(last_heartbeat__gte=timezone.now() - within)
+
+
+class Supervisor(models.Model):
+    """One ``runworkers`` process, written by its own heartbeat every lease renewal."""
+
+    #: The supervisor's claimant id, the ``supervisor_id`` of the units it claims.
+    id = models.UUIDField(primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    started_at = models.DateTimeField()
+    last_heartbeat = models.DateTimeField()
+    #: Alive until then: the last heartbeat plus the lease (three missed heartbeats).
+    heartbeat_expires_at = models.DateTimeField()
+    #: Set when it stopped by itself; a supervisor that died never sets it.
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    concurrency = models.PositiveIntegerField(default=0)
+    #: Names of the workers it runs.
+    workers = models.JSONField(default=list, blank=True)
+    #: Task queues it runs: None for every queue, [] for none.
+    queues = models.JSONField(null=True, blank=True)
+    burst = models.BooleanField(default=False)
+    #: What it ran at its last heartbeat: one mapping per unit (see supervisor.heartbeat).
+    running = models.JSONField(default=list, blank=True)
+    units_done = models.PositiveIntegerField(default=0)
+
+    objects = SupervisorQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-last_heartbeat"]
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid}"
+
+    def state(self, now: datetime | None = None) -> str:
+        """``alive``, ``stopped`` or ``dead``."""
+        if self.stopped_at is not None:
+            return "stopped"
+        return "alive" if self.heartbeat_expires_at >= (now or timezone.now()) else "dead"
+
+
+class Dashboard(Supervisor):
+    """No table: the admin's dashboard page hangs off this proxy so the index lists it."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"

@@ -11,10 +11,38 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_dbworker",
     "tests.testapp",
+]
+# The admin and the health/metrics views, for the admin, browser and view tests.
+ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
 ]
 DB = os.environ.get("DBWORKER_TEST_DB", "sqlite")
 # Subprocesses started by the tests use the test database the suite created.
@@ -48,7 +76,7 @@ else:
 
 DBWORKER = {
     "LEASE_SECONDS": float(os.environ.get("DBWORKER_TEST_LEASE", "30")),
-    "POLL_INTERVAL": 0.1,
+    "POLL_INTERVAL": float(os.environ.get("DBWORKER_TEST_POLL", "0.1")),
     "GRACE_PERIOD": 10.0,
     "SWEEP_INTERVAL": 2.0,
     "CONCURRENCY": 2,

@@ -21,10 +21,12 @@ from ..db import use_immediate_transactions
 from ..logs import log_event
 from ..registry import Worker
 from . import pool, units
+from .heartbeat import Heartbeat
 from .pool import Child, describe_exit
 from .progress import Progress
 from .taskwork import TaskWork
 from .units import Unit
+from .wakeups import Listener
 
 CHILD_DIED = "django_dbworker.exceptions.ChildProcessDied"
 #: Seconds a worker whose claim or sweep raised is left alone before it is tried again.
@@ -68,6 +70,11 @@ class Supervisor:
         self._backoff = 0.0
         self._broken: dict[str, float] = {}
         self._wake_r, self._wake_w = socket.socketpair()
+        self.listener = Listener(self.using)
+        self.heartbeat = Heartbeat(
+            self.claimant, lease=config.LEASE_SECONDS, concurrency=options.concurrency,
+            workers=[w.name for w in options.workers], queues=options.queues,
+            tasks=options.tasks, burst=options.burst)
 
     # ----- life cycle ---------------------------------------------------------------
 
@@ -85,7 +92,10 @@ class Supervisor:
             code = self._loop()
         finally:
             self._shutdown_children()
+            self.listener.close()
             self.progress.close()
+        with contextlib.suppress(DatabaseError):
+            self.heartbeat.stop(code, self.progress.done)
         log_event(logging.INFO, "supervisor_stopped", supervisor=self.claimant.supervisor_id,
                   exit_code=code, units=self.progress.done)
         return code
@@ -213,6 +223,7 @@ class Supervisor:
         if now >= self._next["renew"]:
             held = [ch.claim for ch in self.children if ch.claim is not None]
             units.renew(self.claimant, held, self.config.LEASE_SECONDS)
+            self.heartbeat.beat(self.children, self.progress.done)
             self._next["renew"] = now + third
         if self.tasks is not None:
             self.tasks.maintain(self.children, self._stop_child)
@@ -265,15 +276,21 @@ class Supervisor:
     # ----- children -------------------------------------------------------------------
 
     def _start_child(self, slot: int) -> Child:
+        self.listener.close()  # a forked child must not share its socket; reopened on wait
         child = pool.start(slot, self.using, self.options.max_tasks_per_child)
         log_event(logging.DEBUG, "child_started", slot=slot, child=child.pid)
         return child
 
     def _wait(self, timeout: float) -> None:
         handles: list = [self._wake_r]
+        listening = self.listener.fileno()
+        if listening is not None:
+            handles.append(listening)
         for ch in self.children:
             handles += [ch.pipe, ch.process.sentinel]
         ready = wait(handles, timeout)
+        if listening is not None and listening in ready:
+            self.listener.drain()  # the next loop claims; what was announced does not matter
         if self._wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 self._wake_r.recv(4096)

@@ -7,16 +7,20 @@ ask which kind they hold.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from ..claims import store, taskstore
 from ..claims.store import Claim, Claimant, FailureInfo
 from ..claims.taskstore import TaskClaim
+from ..logs import log_event
 
 type Unit = Claim | TaskClaim
 
 
 def run(c: Unit) -> Any:
+    log_event(logging.DEBUG, "started", **describe(c), pid=os.getpid())
     if isinstance(c, TaskClaim):
         from ..task_runner import run_task
 

@@ -12,7 +12,9 @@ from django.utils.module_loading import autodiscover_modules
 
 from django_dbworker import conf
 from django_dbworker.checks import in_memory_sqlite
+from django_dbworker.conf import LOG_FORMATS
 from django_dbworker.exceptions import UnknownWorker
+from django_dbworker.logs import JsonFormatter
 from django_dbworker.registry import workers
 from django_dbworker.supervisor.supervisor import Options, Supervisor
 
@@ -37,6 +39,9 @@ class Command(BaseCommand):
                             help="Exit once nothing is claimable and nothing is running.")
         parser.add_argument("--max-tasks-per-child", type=int, default=None,
                             help="Replace a child after it ran this many units.")
+        parser.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                            help="'text' (key=value) or 'json' (one object per event, no "
+                                 "progress line); default: DBWORKER['LOG_FORMAT'].")
         parser.add_argument("--grace-period", type=float, default=None,
                             help="Seconds running units get after SIGTERM "
                                  "(default: DBWORKER['GRACE_PERIOD']).")
@@ -64,13 +69,15 @@ class Command(BaseCommand):
         if grace < 0:
             raise CommandError(f"--grace-period {grace}: give 0 or more seconds.")
         self._check_migrations(config.DATABASE)
-        self._configure_logging(options["verbosity"])
+        log_format = options["log_format"] or config.LOG_FORMAT
+        self._configure_logging(options["verbosity"], log_format)
         supervisor = Supervisor(
             Options(workers=selected, tasks=run_tasks, queues=queues,
                     concurrency=concurrency, burst=options["burst"],
                     max_tasks_per_child=max_tasks, grace_period=grace),
             config,
-            progress=self.stdout._out if options["verbosity"] >= 1 else None,
+            progress=self.stdout._out if options["verbosity"] >= 1 and log_format == "text"
+            else None,
         )
         code = supervisor.run()
         if code:
@@ -133,9 +140,18 @@ class Command(BaseCommand):
                 f"{', '.join(apps)}; run 'manage.py migrate' first."
             )
 
-    def _configure_logging(self, verbosity: int) -> None:
+    def _configure_logging(self, verbosity: int, log_format: str = "text") -> None:
         logger = logging.getLogger("django_dbworker")
         logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
+        if log_format == "json":
+            # JSON was asked for: our own handlers get the JSON formatter, or we add one
+            # that does not also pass the records on to text handlers above.
+            if not logger.handlers:
+                logger.addHandler(logging.StreamHandler(sys.stderr))
+                logger.propagate = False
+            for handler in logger.handlers:
+                handler.setFormatter(JsonFormatter())
+            return
         if not logger.handlers and not logging.getLogger().handlers:
             handler = logging.StreamHandler(sys.stderr)
             # On a terminal, clear the progress line before a log line is written over it.

@@ -1,0 +1,117 @@
+"""Admin actions that change units: permission-checked, confirmed when several rows are
+selected, and refused with 403 when the request was forged.
+
+Django removes an action the user may not run from the page, but a forged POST naming it
+would only get "No action selected". ``GuardedActions`` answers such a POST with 403, and
+every action checks its permission again before it changes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin import ActionLocation, helpers
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils.text import capfirst
+
+#: At most this many selected rows are listed on the confirmation page.
+LISTED = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What an action does: which rows it changes, and how."""
+
+    name: str
+    #: e.g. "Retry"; the button and the confirmation page's title use it.
+    verb: str
+    #: e.g. "failed executions": what it changes, shown in messages.
+    what: str
+    #: The selected rows it would change (the guard of its UPDATE, read beforehand).
+    changeable: Callable[[QuerySet[Any]], QuerySet[Any]]
+    #: Change these primary keys; return how many changed.
+    apply: Callable[[list[Any]], int]
+    #: What happens to a row, for the confirmation page.
+    effect: str
+
+
+class GuardedActions:
+    """Mixed into a ModelAdmin whose actions are built with ``run_change``."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        self._refuse_forged(request, "action", ActionLocation.CHANGE_LIST)
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+    def changeform_view(self, request: HttpRequest, object_id: Any = None, form_url: str = "",
+                        extra_context: Any = None) -> Any:
+        field = f"{ActionLocation.CHANGE_FORM.value}-action"
+        self._refuse_forged(request, field, ActionLocation.CHANGE_FORM)
+        return super().changeform_view(  # type: ignore[misc]
+            request, object_id, form_url, extra_context)
+
+    def _refuse_forged(self, request: HttpRequest, field: str,
+                       location: ActionLocation) -> None:
+        if request.method != "POST":
+            return
+        allowed = self.get_actions(request, action_location=location)  # type: ignore[attr-defined]
+        for name in request.POST.getlist(field):
+            if name and name not in allowed:
+                raise PermissionDenied(f"You may not run the action {name!r} here.")
+
+    def run_change(self, request: HttpRequest, queryset: QuerySet[Any], change: Change,
+                   *, permitted: bool) -> HttpResponse | None:
+        """Check, confirm when several rows are selected, then apply ``change``."""
+        if not permitted:
+            raise PermissionDenied(f"You may not {change.verb.lower()} {change.what}.")
+        selected = list(queryset)
+        if len(selected) > 1 and request.POST.get("post") != "yes":
+            return self._confirm(request, queryset, selected, change)
+        pks = list(change.changeable(queryset).values_list("pk", flat=True))
+        changed = change.apply(pks) if pks else 0
+        self._log(request, queryset.model, pks, change)
+        left = len(selected) - changed
+        text = f"{change.verb}: {changed} of {len(selected)} selected {change.what} changed."
+        if left:
+            text += f" {left} could not be changed ({change.effect}) and were left as they were."
+        level = messages.SUCCESS if changed else messages.WARNING
+        self.message_user(request, text, level)  # type: ignore[attr-defined]
+        return None
+
+    def _confirm(self, request: HttpRequest, queryset: QuerySet[Any], selected: list[Any],
+                 change: Change) -> TemplateResponse:
+        opts = queryset.model._meta
+        will = set(change.changeable(queryset).values_list("pk", flat=True))
+        rows = [(obj, obj.pk in will) for obj in selected[:LISTED]]
+        context = {
+            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            "title": f"{change.verb} {len(selected)} {change.what}?",
+            "opts": opts,
+            "app_label": opts.app_label,
+            "change": change,
+            "rows": rows,
+            "more": max(len(selected) - LISTED, 0),
+            "count": len(selected),
+            "changing": len(will),
+            "pks": [obj.pk for obj in selected],
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "select_across": request.POST.get("select_across", "0"),
+            "verbose_name": capfirst(opts.verbose_name),
+        }
+        return TemplateResponse(request, "admin/django_dbworker/confirm_action.html", context)
+
+    def _log(self, request: HttpRequest, model: Any, pks: list[Any], change: Change) -> None:
+        if not pks:
+            return
+        LogEntry.objects.log_actions(
+            user_id=request.user.pk,
+            queryset=model._default_manager.filter(pk__in=pks[:LISTED * 10]),
+            action_flag=CHANGE,
+            change_message=f"{change.verb} ({change.name})",
+        )

@@ -1,0 +1,84 @@
+"""The dashboard: counts by status, lag, throughput and failures, per worker and queue.
+
+It hangs off the ``Dashboard`` proxy model so the admin index lists it; anyone who may view
+executions or tasks may view it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from ..insight import snapshot
+from ..models import Dashboard, State, TaskStatus
+from . import display
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(admin.ModelAdmin):
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return any(user.has_perm(f"django_dbworker.{p}") for p in (
+            "view_execution", "change_execution", "view_taskrecord", "change_taskrecord"))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        snap = snapshot.take()
+        site = self.admin_site.name
+        executions = reverse(f"{site}:django_dbworker_execution_changelist")
+        tasks = reverse(f"{site}:django_dbworker_taskrecord_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Background work",
+            "opts": self.opts,
+            "snapshot": snap,
+            "workers": [_line(w, executions, "worker", "state__exact") for w in snap.workers],
+            "queues": [_line(q, tasks, "queue_name__exact", "status__exact")
+                       for q in snap.queues],
+            "worker_states": [s.lower() for s in State.values],
+            "task_statuses": [s.lower() for s in TaskStatus.values],
+            "failures": [_failure(g, executions, tasks) for g in snap.failures],
+            "supervisors_url": reverse(f"{site}:django_dbworker_supervisor_changelist"),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/django_dbworker/dashboard.html", context)
+
+
+def _line(line: snapshot.Line, url: str, by: str, status_param: str) -> dict[str, Any]:
+    peak = max(line.per_minute) or 1
+    return {
+        "name": line.name,
+        "url": f"{url}?{urlencode({by: line.name})}",
+        "cells": [(n, f"{url}?{urlencode({by: line.name, status_param: status})}")
+                  for status, n in line.counts.items()],
+        "lag": display.seconds(line.lag_seconds),
+        "lagging": line.lag_seconds is not None and line.lag_seconds > 60,
+        "done": " / ".join(str(n) for n in line.throughput.values()),
+        "bars": [(n, round(100 * n / peak)) for n in line.per_minute],
+        "avg": display.seconds(line.avg_seconds),
+    }
+
+
+def _failure(group: dict[str, Any], executions: str, tasks: str) -> dict[str, Any]:
+    if group["kind"] == "execution":
+        query = {"worker": group["worker"], "state__exact": State.FAILED,
+                 "exception": group["exception_class"]}
+        return {**group, "who": group["worker"], "url": f"{executions}?{urlencode(query)}"}
+    query = {"task_path__exact": group["task"], "status__exact": TaskStatus.FAILED}
+    return {**group, "who": group["task"], "url": f"{tasks}?{urlencode(query)}"}

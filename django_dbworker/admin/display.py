@@ -1,0 +1,82 @@
+"""Small HTML pieces the admin pages share: status badges, progress bars, durations."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+#: What an empty cell shows (the admin's own empty value).
+EMPTY = "-"
+
+
+def badge(status: str | None, label: str | None = None) -> SafeString:
+    """A coloured status label; ``None`` shows as "no status" (a PENDING unit)."""
+    key = (status or "none").lower()
+    return format_html('<span class="dbw-status dbw-status-{}">{}</span>', key,
+                       label or (key if status else "no status"))
+
+
+def progress_bar(percent: float | None, message: str = "",
+                 compact: bool = False) -> SafeString | str:
+    if percent is None:
+        return EMPTY
+    value = max(0.0, min(100.0, float(percent)))
+    return format_html(
+        '<span class="dbw-progress" title="{}" role="progressbar" aria-valuenow="{}" '
+        'aria-valuemin="0" aria-valuemax="100"><span style="width: {}%"></span></span> '
+        '<span class="dbw-progress-text">{}%{}</span>',
+        message, f"{value:g}", f"{value:.1f}", f"{value:.0f}",
+        f" {message}" if message and not compact else "",
+    )
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return EMPTY
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.1f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def duration(started: datetime | None, finished: datetime | None,
+             running: bool = False) -> str:
+    """How long the last attempt took, or has run so far."""
+    if started is None:
+        return EMPTY
+    if finished is None or finished < started:
+        return f"running {seconds((timezone.now() - started).total_seconds())}" if running \
+            else EMPTY
+    return seconds((finished - started).total_seconds())
+
+
+def when(value: datetime | None) -> SafeString | str:
+    """A compact time for list columns: 14:03:05 today, 11-29 14:03 otherwise."""
+    if value is None:
+        return EMPTY
+    local = timezone.localtime(value)
+    today = local.date() == timezone.localtime().date()
+    text = local.strftime("%H:%M:%S" if today else "%m-%d %H:%M")
+    return format_html('<time datetime="{}" title="{}">{}</time>', value.isoformat(),
+                       local.strftime("%Y-%m-%d %H:%M:%S %Z"), text)
+
+
+def pre(text: str, css: str = "dbw-pre") -> SafeString | str:
+    return format_html('<pre class="{}">{}</pre>', css, text) if text else EMPTY
+
+
+def pretty_json(value: Any) -> SafeString | str:
+    return pre(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+
+
+def short_class(path: str) -> str:
+    """``builtins.ValueError`` -> ``ValueError``."""
+    return path.rsplit(".", 1)[-1] if path else ""

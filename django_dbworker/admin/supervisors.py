@@ -1,0 +1,110 @@
+"""The admin of supervisors: each live, stopped or dead ``runworkers`` and what it runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .. import conf
+from ..models import Supervisor
+from . import display
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("alive", "alive"), ("dead", "dead"), ("stopped", "stopped")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value in ("alive", "dead"):
+            return getattr(queryset, value)()
+        return queryset.stopped() if value == "stopped" else queryset
+
+
+@admin.register(Supervisor)
+class SupervisorAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "state", "started", "heartbeat", "busy", "runs", "units_done"]
+    list_filter = [StateFilter, "host"]
+    search_fields = ["host", "=pid"]
+    fieldsets = [
+        (None, {"fields": ["id", "host", "pid", "state", "started_at", "last_heartbeat",
+                           "heartbeat_expires_at", "stopped_at", "exit_code"]}),
+        ("Work", {"fields": ["concurrency", "runs", "burst", "units_done", "running_table"]}),
+    ]
+    readonly_fields = [f for _, options in fieldsets for f in options["fields"]]
+    actions = None  # rows are written by supervisors; "dbworker prune" removes old ones
+
+    class Media:
+        css = {"all": ["django_dbworker/admin.css"]}
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Supervisor]:
+        return super().get_queryset(request).using(conf.get().DATABASE)
+
+    @admin.display(description="state")
+    def state(self, obj: Supervisor) -> SafeString:
+        state = obj.state(timezone.now())
+        return display.badge({"alive": "RUNNING", "dead": "FAILED"}.get(state, "stopped"),
+                             state)
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, obj: Supervisor) -> str:
+        return timezone.localtime(obj.started_at).strftime("%Y-%m-%d %H:%M:%S")
+
+    @admin.display(description="last heartbeat", ordering="last_heartbeat")
+    def heartbeat(self, obj: Supervisor) -> str:
+        ago = (timezone.now() - obj.last_heartbeat).total_seconds()
+        return f"{display.seconds(max(ago, 0.0))} ago"
+
+    @admin.display(description="runs")
+    def runs(self, obj: Supervisor) -> str:
+        parts = []
+        if obj.workers:
+            parts.append("workers: " + ", ".join(obj.workers))
+        if obj.queues is None:
+            parts.append("every task queue")
+        elif obj.queues:
+            parts.append("queues: " + ", ".join(obj.queues))
+        return "; ".join(parts) or display.EMPTY
+
+    @admin.display(description="busy")
+    def busy(self, obj: Supervisor) -> str:
+        return f"{len(obj.running)} of {obj.concurrency}"
+
+    @admin.display(description="running at the last heartbeat")
+    def running_table(self, obj: Supervisor) -> SafeString | str:
+        if not obj.running:
+            return display.EMPTY
+        site = self.admin_site.name
+
+        def row(unit: dict[str, Any]) -> tuple[str, str, Any, Any, Any]:
+            if "task" in unit:
+                url = reverse(f"{site}:django_dbworker_taskrecord_change", args=[unit["id"]])
+                what = unit["task"]
+            else:
+                url = reverse(f"{site}:django_dbworker_execution_change",
+                              args=[unit["execution"]])
+                what = f"{unit['worker']} [{unit.get('source', '')}]"
+            return url, what, unit.get("attempt", ""), unit.get("child", ""), unit.get("since")
+
+        rows = format_html_join(
+            "", '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            (row(u) for u in obj.running))
+        return format_html('<table class="dbw-table"><thead><tr><th>unit</th><th>attempt'
+                           '</th><th>child pid</th><th>since</th></tr></thead><tbody>{}'
+                           '</tbody></table>', rows)

@@ -1,0 +1,176 @@
+"""The admin of enqueued tasks: list, filters, search, arguments/result/errors, and the
+actions retry (FAILED or CANCELLED) and cancel (waiting or running)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .. import conf
+from ..claims import taskstore
+from ..models import TaskRecord, TaskStatus
+from . import display
+from .actions import Change, GuardedActions
+from .executions import BOTH
+
+CANCELLABLE = (TaskStatus.READY, TaskStatus.RETRYING, TaskStatus.RUNNING)
+
+
+def _cancel(pks: list[Any]) -> int:
+    return sum(bool(taskstore.cancel(pk)) for pk in pks)
+
+
+RETRY = Change(
+    name="retry_tasks", verb="Retry", what="tasks", effect="not FAILED or CANCELLED",
+    changeable=lambda qs: qs.filter(status__in=taskstore.TRANSITIONS["retry"]),
+    apply=taskstore.retry,
+)
+CANCEL = Change(
+    name="cancel_tasks", verb="Cancel", what="tasks",
+    effect="already finished, or already asked to stop",
+    changeable=lambda qs: qs.filter(
+        Q(status__in=taskstore.TRANSITIONS["cancel_waiting"])
+        | Q(status__in=taskstore.TRANSITIONS["cancel_running"],
+            cancel_requested_at__isnull=True)),
+    apply=_cancel,
+)
+
+
+@admin.register(TaskRecord)
+class TaskRecordAdmin(GuardedActions, admin.ModelAdmin):
+    list_display = ["short_id", "name", "queue", "status_badge", "prio", "tries", "progress_column",
+                    "runs_after", "duration"]
+    list_filter = ["status", "queue_name", "task_path"]
+    search_fields = ["task_path", "idempotency_key"]
+    search_help_text = "A task id, or part of a task's dotted path or idempotency key."
+    ordering = ["-enqueued_at"]
+    list_per_page = 50
+    show_full_result_count = False
+    actions = ["retry_tasks", "cancel_tasks"]
+    fieldsets = [
+        (None, {"fields": ["id", "task_path", "status_badge", "queue_name", "priority",
+                           "backend", "attempts", "crashes", "schedule", "idempotency_key"]}),
+        ("Call", {"fields": ["args_display", "kwargs_display", "result_display"]}),
+        ("Progress", {"fields": ["progress_bar"]}),
+        ("Times", {"fields": ["enqueued_at", "run_after", "available_at", "started_at",
+                              "last_attempted_at", "finished_at", "duration",
+                              "cancel_requested_at"]}),
+        ("Claim", {"fields": ["claimed_host", "claimed_pid", "lease_expires_at",
+                              "worker_ids"]}),
+        ("Errors", {"fields": ["errors_display"]}),
+    ]
+    readonly_fields = [f for _, options in fieldsets for f in options["fields"]]
+
+    class Media:
+        css = {"all": ["django_dbworker/admin.css"]}
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TaskRecord]:
+        return super().get_queryset(request).using(conf.get().DATABASE)
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[TaskRecord],
+                           search_term: str) -> tuple[QuerySet[TaskRecord], bool]:
+        try:
+            return queryset.filter(pk=uuid.UUID(search_term.strip())), False
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+
+    # ----- columns ----------------------------------------------------------------------
+
+    @admin.display(description="id", ordering="id")
+    def short_id(self, obj: TaskRecord) -> str:
+        return str(obj.pk)[:8]
+
+    @admin.display(description="task", ordering="task_path")
+    def name(self, obj: TaskRecord) -> SafeString:
+        return format_html('<span title="{}">{}</span>', obj.task_path,
+                           obj.task_path.rsplit(".", 1)[-1])
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: TaskRecord) -> SafeString:
+        label = obj.status.lower()
+        if obj.status == TaskStatus.RUNNING and obj.cancel_requested_at:
+            label = "cancelling"
+        return display.badge(obj.status, label)
+
+    @admin.display(description="queue", ordering="queue_name")
+    def queue(self, obj: TaskRecord) -> str:
+        return obj.queue_name
+
+    @admin.display(description="prio", ordering="priority")
+    def prio(self, obj: TaskRecord) -> int:
+        return obj.priority
+
+    @admin.display(description="tries", ordering="attempts")
+    def tries(self, obj: TaskRecord) -> int:
+        return obj.attempts
+
+    @admin.display(description="progress", ordering="progress")
+    def progress_column(self, obj: TaskRecord) -> SafeString | str:
+        return display.progress_bar(obj.progress, obj.progress_message, compact=True)
+
+    @admin.display(description="run after", ordering="run_after")
+    def runs_after(self, obj: TaskRecord) -> SafeString | str:
+        return display.when(obj.run_after)
+
+    @admin.display(description="progress")
+    def progress_bar(self, obj: TaskRecord) -> SafeString | str:
+        return display.progress_bar(obj.progress, obj.progress_message)
+
+    @admin.display(description="duration")
+    def duration(self, obj: TaskRecord) -> str:
+        return display.duration(obj.last_attempted_at, obj.finished_at,
+                                running=obj.status == TaskStatus.RUNNING)
+
+    @admin.display(description="arguments")
+    def args_display(self, obj: TaskRecord) -> SafeString | str:
+        return display.pretty_json(obj.args)
+
+    @admin.display(description="keyword arguments")
+    def kwargs_display(self, obj: TaskRecord) -> SafeString | str:
+        return display.pretty_json(obj.kwargs)
+
+    @admin.display(description="result")
+    def result_display(self, obj: TaskRecord) -> SafeString | str:
+        if obj.status != TaskStatus.SUCCESSFUL:
+            return display.EMPTY
+        return display.pretty_json(obj.return_value)
+
+    @admin.display(description="errors, one per failed attempt")
+    def errors_display(self, obj: TaskRecord) -> SafeString | str:
+        if not obj.errors:
+            return display.EMPTY
+        return format_html_join(
+            "", '<div class="dbw-attempt"><h4>Attempt {} at {}: {}</h4>{}{}</div>',
+            ((e.get("attempt", "?"), e.get("at", ""), e.get("exception_class_path", ""),
+              display.pre(e.get("message", ""), "dbw-pre dbw-message"),
+              display.pre(e.get("traceback", ""), "dbw-pre dbw-traceback"))
+             for e in reversed(obj.errors)),
+        )
+
+    # ----- actions ----------------------------------------------------------------------
+
+    @admin.action(permissions=["change"], location=BOTH,
+                  description="Retry this task",
+                  description_plural="Retry the selected failed or cancelled tasks")
+    def retry_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> Any:
+        return self.run_change(request, queryset, RETRY,
+                               permitted=self.has_change_permission(request))
+
+    @admin.action(permissions=["change"], location=BOTH,
+                  description="Cancel this task",
+                  description_plural="Cancel the selected waiting or running tasks")
+    def cancel_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> Any:
+        return self.run_change(request, queryset, CANCEL,
+                               permitted=self.has_change_permission(request))

@@ -1,0 +1,38 @@
+"""Is the background work healthy: enough live supervisors, and no queue waiting too long."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from .. import conf
+from ..models import Supervisor
+from ..registry import workers
+from . import counts
+
+
+def verdict() -> dict[str, Any]:
+    """``{"healthy": bool, "problems": [...], ...}`` by ``HEALTH_MIN_SUPERVISORS`` and
+    ``HEALTH_MAX_LAG``. Only waiting units are read, never the finished history."""
+    config = conf.get()
+    now = timezone.now()
+    alive = Supervisor.objects.using(config.DATABASE).alive(now).count()
+    problems: list[str] = []
+    if alive < config.HEALTH_MIN_SUPERVISORS:
+        problems.append(f"{alive} supervisor(s) alive; DBWORKER['HEALTH_MIN_SUPERVISORS'] "
+                        f"wants at least {config.HEALTH_MIN_SUPERVISORS}")
+    lags = {f"worker:{name}": counts.worker_lag(name, now) for name in sorted(workers)}
+    lags |= {f"queue:{queue}": lag for queue, lag in sorted(counts.queue_lags(now).items())}
+    limit = config.HEALTH_MAX_LAG
+    if limit is not None:
+        problems += [f"{name} has waited {lag:.0f}s; DBWORKER['HEALTH_MAX_LAG'] is {limit:g}s"
+                     for name, lag in lags.items() if lag is not None and lag > limit]
+    return {
+        "healthy": not problems,
+        "problems": problems,
+        "supervisors_alive": alive,
+        "lag_seconds": {k: None if v is None else round(v, 3) for k, v in lags.items()},
+        "max_lag_seconds": limit,
+        "at": now.isoformat(),
+    }

@@ -1,0 +1,134 @@
+"""``manage.py dbworker``: look at and fix background work. Parses options only; the work is
+in ``django_dbworker.operations``. ``--json`` prints one document (docs/cli.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils.module_loading import autodiscover_modules
+
+from django_dbworker.operations import OperationError, changes, render, reports
+
+SCHEMA_VERSION = 1
+
+
+class Command(BaseCommand):
+    help = ("Inspect and fix background work: inspect, stats, failed, dead, retry, reset, "
+            "cancel, purge, prune. 'manage.py dbworker SUBCOMMAND --help' for each.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+
+        def add(name: str, help_text: str, *, changes_rows: bool = False) -> CommandParser:
+            p = sub.add_parser(name, help=help_text, description=help_text)
+            p.add_argument("--json", action="store_true",
+                           help="Print one JSON document instead of tables.")
+            if changes_rows:
+                p.add_argument("--yes", action="store_true",
+                               help="Do not ask before changing anything.")
+            return p
+
+        add("inspect", "Supervisors and what they run; with IDs, those units in full.") \
+            .add_argument("ids", nargs="*", metavar="ID")
+        p = add("stats", "Counts by status, lag, throughput and failures.")
+        self._names(p)
+        p = add("failed", "Executions and tasks that FAILED for good, newest first.")
+        self._names(p)
+        p.add_argument("--limit", type=int, default=50, help="At most this many of each.")
+        p.add_argument("--tracebacks", action="store_true", help="Show tracebacks too.")
+        add("dead", "Supervisors that died (stopped beating without stopping) and their units.")
+        add("retry", "Run failed executions and failed or cancelled tasks again.",
+            changes_rows=True).add_argument("ids", nargs="+", metavar="ID")
+        p = add("reset", "Run a worker again on source rows where it FAILED.", changes_rows=True)
+        p.add_argument("worker", metavar="WORKER")
+        p.add_argument("pks", nargs="+", metavar="PK")
+        p.add_argument("--finished", action="store_true",
+                       help="Also reset rows where the worker FINISHED (reprocess).")
+        add("cancel", "Cancel waiting or running tasks.", changes_rows=True) \
+            .add_argument("ids", nargs="+", metavar="ID")
+        p = add("purge", "Delete waiting tasks (READY, RETRYING).", changes_rows=True)
+        p.add_argument("--queue", action="append", dest="queues", metavar="QUEUE",
+                       help="Only this queue (repeatable; default: every queue).")
+        p = add("prune", "Delete finished tasks and old supervisor rows.", changes_rows=True)
+        p.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                       help="Default: DBWORKER['RETENTION'].")
+
+    def _names(self, parser: CommandParser) -> None:
+        parser.add_argument("--worker", action="append", dest="workers", metavar="WORKER")
+        parser.add_argument("--queue", action="append", dest="queues", metavar="QUEUE")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        autodiscover_modules("tasks")
+        name = options["subcommand"]
+        try:
+            if name in ("retry", "reset", "cancel", "purge", "prune"):
+                self._change(name, options)
+            else:
+                self._report(name, options)
+        except OperationError as exc:
+            raise CommandError(str(exc)) from None
+
+    # ----- reports ----------------------------------------------------------------------
+
+    def _report(self, name: str, options: dict[str, Any]) -> None:
+        if name == "inspect":
+            doc, text = reports.inspect(options["ids"]), render.inspect
+        elif name == "stats":
+            doc, text = reports.stats(options["workers"], options["queues"]), render.stats
+        elif name == "failed":
+            if options["limit"] < 0:
+                raise CommandError(f"--limit {options['limit']}: give 0 or more.")
+            doc = reports.failed(options["workers"], options["queues"],
+                                 limit=options["limit"], traceback=options["tracebacks"])
+
+            def text(d: dict[str, Any]) -> str:
+                return render.failed(d, options["tracebacks"])
+        else:
+            doc, text = reports.dead(), render.dead
+        self._print(name, doc, text, options["json"])
+
+    # ----- changes ----------------------------------------------------------------------
+
+    def _change(self, name: str, options: dict[str, Any]) -> None:
+        if name == "retry":
+            plan = changes.retry(options["ids"])
+        elif name == "reset":
+            plan = changes.reset(options["worker"], options["pks"],
+                                 finished=options["finished"])
+        elif name == "cancel":
+            plan = changes.cancel(options["ids"])
+        elif name == "purge":
+            plan = changes.purge(options["queues"])
+        else:
+            plan = changes.prune(options["older_than"])
+        as_json = options["json"]
+        if plan.count and not options["yes"]:
+            self._ask(plan, as_json)
+        changed = plan.apply() if plan.count else 0
+        doc = plan.as_dict(changed)
+        self._print(name, doc, lambda d: render.plan(d) + f"\nChanged {d['changed']}.",
+                    as_json)
+
+    def _ask(self, plan: changes.Plan, as_json: bool) -> None:
+        # With --json, stdout carries only the document: the question goes to stderr.
+        out = self.stderr if as_json else self.stdout
+        out.write(render.plan(plan.as_dict(None)))
+        out.write("Go ahead? [y/N] ", ending="")
+        out.flush()
+        try:
+            answer = input()
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            raise CommandError("Nothing was changed: not confirmed. Answer 'y', or pass --yes "
+                               "to change without asking.")
+
+    def _print(self, name: str, doc: dict[str, Any], text: Any, as_json: bool) -> None:
+        if as_json:
+            document = {"command": name, "version": SCHEMA_VERSION, **doc}
+            self.stdout.write(json.dumps(document, cls=DjangoJSONEncoder, indent=2))
+        else:
+            self.stdout.write(text(doc))

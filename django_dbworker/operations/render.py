@@ -1,0 +1,132 @@
+"""Human tables for the command's documents (``--json`` prints the documents instead)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from . import units
+
+
+def cell(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    text = [[cell(v) for v in row] for row in rows]
+    if not text:
+        return "(none)"
+    widths = [max(len(h), *(len(r[i]) for r in text)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    body = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+            for r in text]
+    return "\n".join([line.rstrip(), "  ".join("-" * w for w in widths), *body])
+
+
+def _runs(s: dict[str, Any]) -> str:
+    parts = list(s["workers"])
+    parts += ["tasks:*"] if s["queues"] is None else [f"tasks:{q}" for q in s["queues"]]
+    return ",".join(parts)
+
+
+def _unit_name(u: dict[str, Any]) -> str:
+    return u["task"] if "task" in u else f"{u['worker']}[{u.get('source', '')}]"
+
+
+def supervisors(rows: list[dict[str, Any]], *, status_now: bool = False) -> str:
+    out = [table(["supervisor", "state", "started", "last heartbeat", "busy", "runs"], [
+        (f"{s['host']}:{s['pid']}", s["state"], s["started_at"], s["last_heartbeat"],
+         f"{len(s['running'])}/{s['concurrency']}", _runs(s)) for s in rows])]
+    running = [(f"{s['host']}:{s['pid']}", _unit_name(u), u.get("execution") or u.get("id"),
+                u.get("attempt"), u.get("child"), u.get("since"),
+                *([u.get("status_now")] if status_now else []))
+               for s in rows for u in s["running"]]
+    if running:
+        headers = ["supervisor", "unit", "id", "attempt", "child", "since"]
+        out += ["", table(headers + (["status now"] if status_now else []), running)]
+    return "\n".join(out)
+
+
+def inspect(doc: dict[str, Any]) -> str:
+    if "units" in doc:
+        return "\n\n".join(unit(u) for u in doc["units"])
+    return "\n".join([
+        "Supervisors", supervisors(doc["supervisors"]), "",
+        "Workers", table(["worker", "source", "concurrency", "transactional"], [
+            (w["name"], w["source"], w["concurrency"], w["transactional"])
+            for w in doc["workers"]]), "",
+        "Queues", ", ".join(doc["queues"]) or "(none)",
+    ])
+
+
+def unit(u: dict[str, Any]) -> str:
+    skip = {"errors", "kind"}
+    lines = [f"{u['kind']} {u['id']}"]
+    lines += [f"  {k}: {cell(v)}" for k, v in u.items() if k not in skip]
+    for e in u.get("errors", []):
+        lines += [f"  error of attempt {e['attempt']} at {cell(e['at'])}: "
+                  f"{e['exception_class']}: {e['message']}"]
+        if e.get("traceback"):
+            lines += ["    " + t for t in e["traceback"].rstrip().splitlines()]
+    return "\n".join(lines)
+
+
+def _lines(title: str, lines: list[dict[str, Any]], statuses: list[str]) -> str:
+    return table([title, *(s.lower() for s in statuses), "lag", "done 1m/5m/15m", "avg run"], [
+        (line["name"], *(line["counts"].get(s, 0) for s in statuses),
+         "-" if line["lag_seconds"] is None else f"{line['lag_seconds']:.1f}s",
+         "/".join(str(n) for n in line["throughput"].values()),
+         "-" if line["avg_seconds"] is None else f"{line['avg_seconds']:.3f}s")
+        for line in lines])
+
+
+def stats(doc: dict[str, Any]) -> str:
+    from ..models import State, TaskStatus
+
+    s = doc["supervisors"]
+    out = [f"Supervisors: {s['alive']} alive, {s['dead']} dead, {s['stopped']} stopped "
+           "(seen in the last day)"]
+    if doc["workers"]:
+        out += ["", _lines("worker", doc["workers"], list(State.values))]
+    if doc["queues"]:
+        out += ["", _lines("queue", doc["queues"], list(TaskStatus.values))]
+    out += ["", "Failures by exception class", table(
+        ["exception class", "worker or task", "failed", "latest"],
+        [(g["exception_class"], g.get("worker") or g.get("task"), g["count"], g["last_at"])
+         for g in doc["failures"]])]
+    return "\n".join(out)
+
+
+def failed(doc: dict[str, Any], traceback: bool) -> str:
+    rows = [("execution", u["id"], f"{u['worker']}[{u['source_id']}]", u["attempts"],
+             u["finished_at"], units.last_error(u)) for u in doc["executions"]]
+    rows += [("task", u["id"], u["task"], u["attempts"], u["finished_at"],
+              units.last_error(u)) for u in doc["tasks"]]
+    c = doc["counts"]
+    out = [table(["kind", "id", "unit", "attempts", "failed at", "error"], rows),
+           f"\n{c['executions']} failed execution(s), {c['tasks']} failed task(s)."]
+    if traceback:
+        out += ["", "\n\n".join(unit(u) for u in [*doc["executions"], *doc["tasks"]])]
+    return "\n".join(out)
+
+
+def dead(doc: dict[str, Any]) -> str:
+    if not doc["supervisors"]:
+        return "No dead supervisors (none stopped beating without stopping)."
+    return supervisors(doc["supervisors"], status_now=True)
+
+
+def plan(doc: dict[str, Any]) -> str:
+    out = [doc["summary"]]
+    if doc["items"]:
+        out += ["", table(["kind", "id", "status", "will change"], [
+            (i["kind"], i["id"], i["status"], "yes" if i["will_change"] else "no")
+            for i in doc["items"]])]
+    return "\n".join(out)

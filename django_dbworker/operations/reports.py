@@ -1,0 +1,110 @@
+"""The read-only commands: inspect, stats, failed, dead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from .. import conf
+from ..insight import names, snapshot
+from ..models import Execution, State, Supervisor, TaskRecord, TaskStatus
+from ..registry import workers
+from . import OperationError, units
+
+
+def _using() -> str:
+    return conf.get().DATABASE
+
+
+def check_names(worker_names: list[str] | None, queue_names: list[str] | None) -> None:
+    """OperationError naming workers and queues that are neither declared nor stored."""
+    problems = []
+    if worker_names:
+        known = names.worker_names()
+        if bad := names.unknown(worker_names, known):
+            problems.append(f"unknown worker(s) {', '.join(map(repr, bad))} (known: "
+                            f"{', '.join(known) or 'none'})")
+    if queue_names:
+        known = names.queue_names()
+        if bad := names.unknown(queue_names, known):
+            problems.append(f"unknown queue(s) {', '.join(map(repr, bad))} (known: "
+                            f"{', '.join(known) or 'none'})")
+    if problems:
+        raise OperationError("; ".join(problems).capitalize() + ".")
+
+
+def supervisor(s: Supervisor, now: Any) -> dict[str, Any]:
+    return {
+        "id": str(s.pk), "host": s.host, "pid": s.pid, "state": s.state(now),
+        "started_at": s.started_at, "last_heartbeat": s.last_heartbeat,
+        "stopped_at": s.stopped_at, "exit_code": s.exit_code, "concurrency": s.concurrency,
+        "workers": s.workers, "queues": s.queues, "burst": s.burst,
+        "units_done": s.units_done, "running": s.running,
+    }
+
+
+def inspect(ids: list[str]) -> dict[str, Any]:
+    """With ids: those executions and tasks in full. Without: who runs what, right now."""
+    if ids:
+        executions, tasks = units.find(ids)
+        return {"units": [units.execution(e) for e in executions]
+                + [units.task(t) for t in tasks]}
+    now = timezone.now()
+    rows = Supervisor.objects.using(_using()).recent()
+    return {
+        "supervisors": [supervisor(s, now) for s in rows if s.state(now) != "stopped"],
+        "workers": [
+            {"name": w.name, "source": w.source._meta.label, "concurrency": w.concurrency,
+             "transactional": w.transactional}
+            for w in sorted(workers.values(), key=lambda w: w.name)
+        ],
+        "queues": names.configured_queues(),
+    }
+
+
+def stats(worker_names: list[str] | None, queue_names: list[str] | None) -> dict[str, Any]:
+    check_names(worker_names, queue_names)
+    if worker_names or queue_names:  # only what was named
+        return snapshot.take(worker_names or [], queue_names or []).as_dict()
+    return snapshot.take().as_dict()
+
+
+def failed(worker_names: list[str] | None, queue_names: list[str] | None, *, limit: int,
+           traceback: bool) -> dict[str, Any]:
+    """Executions and tasks FAILED for good, newest first (at most ``limit`` of each)."""
+    check_names(worker_names, queue_names)
+    using = _using()
+    executions = Execution.objects.using(using).filter(state=State.FAILED)
+    tasks = TaskRecord.objects.using(using).filter(status=TaskStatus.FAILED)
+    if worker_names is not None or queue_names is not None:
+        executions = executions.filter(worker__in=worker_names or [])
+        tasks = tasks.filter(queue_name__in=queue_names or [])
+    executions = executions.order_by("-finished_at", "-id").prefetch_related("failures")
+    return {
+        "executions": [units.execution(e, traceback=traceback) for e in executions[:limit]],
+        "tasks": [units.task(t, traceback=traceback)
+                  for t in tasks.order_by("-finished_at")[:limit]],
+        "counts": {"executions": executions.count(), "tasks": tasks.count()},
+    }
+
+
+def dead() -> dict[str, Any]:
+    """Supervisors that stopped beating without stopping, and what became of their units."""
+    using = _using()
+    now = timezone.now()
+    found = []
+    for s in Supervisor.objects.using(using).dead(now):
+        doc = supervisor(s, now)
+        for unit in doc["running"]:
+            unit["status_now"] = _status_now(unit, using)
+        found.append(doc)
+    return {"supervisors": found}
+
+
+def _status_now(unit: dict[str, Any], using: str) -> str | None:
+    if "task" in unit:
+        return TaskRecord.objects.using(using).filter(pk=unit["id"]).values_list(
+            "status", flat=True).first()
+    return Execution.objects.using(using).filter(pk=unit.get("execution")).values_list(
+        "state", flat=True).first()

@@ -1,0 +1,110 @@
+"""Executions and tasks as JSON-ready mappings, and finding them by the ids people type."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from .. import conf, keys
+from ..models import Execution, TaskRecord
+from ..registry import Worker
+from . import OperationError
+
+
+def execution(e: Execution, *, errors: bool = True, traceback: bool = True) -> dict[str, Any]:
+    doc = {
+        "kind": "execution", "id": e.pk, "worker": e.worker, "source_id": e.source_id,
+        "status": e.state, "attempts": e.attempts, "crashes": e.crashes,
+        "created_at": e.created_at, "available_at": e.available_at,
+        "started_at": e.started_at, "finished_at": e.finished_at,
+        "lease_expires_at": e.lease_expires_at, "claimed_host": e.claimed_host or None,
+        "claimed_pid": e.claimed_pid, "supervisor_id": e.supervisor_id,
+        "progress": e.progress, "progress_message": e.progress_message,
+    }
+    if errors:
+        doc["errors"] = [
+            {"attempt": f.attempt, "exception_class": f.exception_class, "message": f.message,
+             "traceback": f.traceback if traceback else None, "at": f.occurred_at}
+            for f in e.failures.all()
+        ]
+    return doc
+
+
+def task(t: TaskRecord, *, errors: bool = True, traceback: bool = True) -> dict[str, Any]:
+    doc = {
+        "kind": "task", "id": str(t.pk), "task": t.task_path, "queue": t.queue_name,
+        "status": t.status, "priority": t.priority, "attempts": t.attempts,
+        "crashes": t.crashes, "args": t.args, "kwargs": t.kwargs,
+        "result": t.return_value, "enqueued_at": t.enqueued_at, "run_after": t.run_after,
+        "available_at": t.available_at, "started_at": t.started_at,
+        "last_attempted_at": t.last_attempted_at, "finished_at": t.finished_at,
+        "cancel_requested_at": t.cancel_requested_at, "claimed_host": t.claimed_host or None,
+        "claimed_pid": t.claimed_pid, "progress": t.progress,
+        "progress_message": t.progress_message, "idempotency_key": t.idempotency_key,
+    }
+    if errors:
+        doc["errors"] = [
+            {"attempt": e.get("attempt"), "exception_class": e.get("exception_class_path"),
+             "message": e.get("message", ""),
+             "traceback": e.get("traceback", "") if traceback else None, "at": e.get("at")}
+            for e in t.errors
+        ]
+    return doc
+
+
+def last_error(doc: dict[str, Any]) -> str:
+    errors = doc.get("errors") or []
+    if not errors:
+        return ""
+    first_line = (errors[-1]["message"] or "").splitlines()[:1]
+    return f"{errors[-1]['exception_class']}: {first_line[0] if first_line else ''}"
+
+
+def find(ids: list[str]) -> tuple[list[Execution], list[TaskRecord]]:
+    """The executions (numeric ids) and tasks (UUIDs) named; OperationError naming the
+    ids that are neither, or that nothing has."""
+    numbers: dict[str, int] = {}
+    uuids: dict[str, uuid.UUID] = {}
+    bad: dict[str, str] = {}
+    for raw in dict.fromkeys(ids):
+        if raw.isdigit():
+            numbers[raw] = int(raw)
+            continue
+        try:
+            uuids[raw] = uuid.UUID(raw)
+        except ValueError:
+            bad[raw] = "neither an execution id, a number, nor a task id, a UUID"
+    using = conf.get().DATABASE
+    executions = {e.pk: e for e in Execution.objects.using(using).filter(
+        pk__in=list(numbers.values()))}
+    tasks = {t.pk: t for t in TaskRecord.objects.using(using).filter(
+        pk__in=list(uuids.values()))}
+    bad |= {raw: "no execution has this id" for raw, pk in numbers.items()
+            if pk not in executions}
+    bad |= {raw: "no task has this id" for raw, pk in uuids.items() if pk not in tasks}
+    if bad:
+        named = [f"{raw} ({bad[raw]})" for raw in dict.fromkeys(ids) if raw in bad]
+        raise OperationError(f"Unknown id(s): {'; '.join(named)}.")
+    return list(executions.values()), list(tasks.values())
+
+
+def find_rows(worker: Worker, pks: list[str]) -> list[Execution]:
+    """``worker``'s executions on the source rows ``pks``; OperationError naming the pks
+    that are not keys of its source model or have no execution."""
+    using = conf.get().DATABASE
+    wanted: dict[str, str] = {}
+    bad: list[str] = []
+    for raw in dict.fromkeys(pks):
+        try:
+            wanted[keys.to_key(worker.source, raw, using)] = raw
+        except (ValidationError, ValueError, TypeError):
+            bad.append(f"{raw} (not a primary key of {worker.source._meta.label})")
+    found = {e.source_id: e for e in Execution.objects.using(using).filter(
+        worker=worker.name, source_id__in=list(wanted))}
+    bad += [f"{raw} (worker {worker.name!r} has no execution for this row)"
+            for key, raw in wanted.items() if key not in found]
+    if bad:
+        raise OperationError(f"Unknown source row(s): {'; '.join(bad)}.")
+    return list(found.values())

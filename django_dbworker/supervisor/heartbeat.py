@@ -1,0 +1,69 @@
+"""The supervisor's row in ``Supervisor``: who runs, where, since when, and what.
+
+One UPDATE per lease renewal (an INSERT the first time); the row says ``alive`` while
+``heartbeat_expires_at`` (last beat + lease) is ahead, and ``stopped`` once the supervisor
+marks it on its way out. A supervisor that dies leaves it to go stale: ``dead``.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from .. import conf
+from ..claims.store import Claimant
+from ..models import Supervisor
+from . import units
+
+#: Rows of supervisors gone longer than this are deleted when another one starts.
+FORGET_AFTER = timedelta(days=7)
+
+
+class Heartbeat:
+    def __init__(self, claimant: Claimant, *, lease: float, concurrency: int,
+                 workers: list[str], queues: list[str] | None, tasks: bool,
+                 burst: bool) -> None:
+        self.claimant = claimant
+        self.lease = timedelta(seconds=lease)
+        self.started_at = timezone.now()
+        self.fields = {
+            "host": claimant.host, "pid": claimant.pid, "concurrency": concurrency,
+            "workers": workers, "queues": (queues if tasks else []), "burst": burst,
+        }
+        self._created = False
+
+    def _rows(self) -> Any:
+        return Supervisor.objects.using(conf.get().DATABASE)
+
+    def beat(self, children: list[Any], done: int) -> None:
+        """Say we are alive and what each busy child runs; one statement."""
+        now = timezone.now()
+        values = {"last_heartbeat": now, "heartbeat_expires_at": now + self.lease,
+                  "running": [running(ch) for ch in children if ch.claim is not None],
+                  "units_done": done}
+        if self._created and self._rows().filter(pk=self.claimant.supervisor_id).update(
+                **values):
+            return
+        self._rows().filter(last_heartbeat__lt=now - FORGET_AFTER).delete()
+        self._rows().update_or_create(
+            pk=self.claimant.supervisor_id,
+            defaults={**self.fields, **values, "started_at": self.started_at},
+        )
+        self._created = True
+
+    def stop(self, exit_code: int, done: int) -> None:
+        if self._created:
+            self._rows().filter(pk=self.claimant.supervisor_id).update(
+                stopped_at=timezone.now(), exit_code=exit_code, running=[], units_done=done)
+
+
+def running(child: Any) -> dict[str, Any]:
+    """A busy child's unit as JSON: the log fields of the unit, the child and since when."""
+    since = time.time() - (time.monotonic() - child.claimed_at)
+    described = {k: (v if isinstance(v, int | str) else str(v))
+                 for k, v in units.describe(child.claim).items()}
+    return {**described, "child": child.pid,
+            "since": datetime.fromtimestamp(since, UTC).isoformat()}

@@ -1,0 +1,197 @@
+"""The admin of executions, tasks and supervisors, the dashboard and WorkerStatusMixin,
+through Django's test client: pages, actions, confirmation, permissions."""
+
+import re
+import uuid
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+from django.utils import timezone
+
+from django_dbworker.models import Execution, State, Supervisor, TaskRecord, TaskStatus
+from django_dbworker.testing import run_until_idle
+from tests.testapp import tasks
+from tests.testapp.models import Item
+
+pytestmark = pytest.mark.django_db
+
+EXECUTIONS = reverse("admin:django_dbworker_execution_changelist")
+TASKS = reverse("admin:django_dbworker_taskrecord_changelist")
+
+
+@pytest.fixture
+def failed():
+    """Two failed executions of ``touch`` and one finished one."""
+    items = [Item.objects.create(action="raise"), Item.objects.create(action="raise"),
+             Item.objects.create(action="ok")]
+    run_until_idle(["touch"])
+    return {i.pk: Execution.objects.get(worker="touch", source_id=str(i.pk)) for i in items}
+
+
+def staff(*perms):
+    user = User.objects.create_user("staff", password="pw", is_staff=True)
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+def action(name, *pks, **extra):
+    return {"action": name, "index": "0", "_selected_action": [str(p) for p in pks], **extra}
+
+
+def test_executions_list_and_detail_show_the_error_and_traceback(admin_client, failed):
+    page = admin_client.get(EXECUTIONS).content.decode()
+    assert "ValueError: item" in page and "dbw-status-failed" in page
+    first = next(iter(failed.values()))
+    item_url = reverse("admin:testapp_item_change", args=[first.source_id])
+    assert f'href="{item_url}"' in page, "the source row links to its admin page"
+    detail = admin_client.get(
+        reverse("admin:django_dbworker_execution_change", args=[first.pk])).content.decode()
+    assert "Traceback (most recent call last)" in detail
+    assert "raise ValueError(f&quot;item {item.pk} is broken&quot;)" in detail
+    assert 'class="dbw-pre dbw-traceback"' in detail
+    assert 'name="_save"' not in detail, "executions are not edited by hand"
+
+
+def test_filters_and_search(admin_client, failed):
+    pk = next(iter(failed))
+    page = admin_client.get(EXECUTIONS, {"q": str(pk), "worker": "touch"}).content.decode()
+    assert len(re.findall(r'name="_selected_action" value=', page)) == 1
+    page = admin_client.get(EXECUTIONS, {"state__exact": "FAILED", "worker": "touch"})
+    assert len(re.findall(r'name="_selected_action" value=', page.content.decode())) == 2
+    page = admin_client.get(EXECUTIONS, {"exception": "builtins.ValueError"})
+    assert len(re.findall(r'name="_selected_action" value=', page.content.decode())) == 2
+
+
+def test_retry_one_failed_execution_from_its_page(admin_client, failed):
+    execution = next(e for e in failed.values() if e.state == State.FAILED)
+    url = reverse("admin:django_dbworker_execution_change", args=[execution.pk])
+    response = admin_client.post(url, {"CHANGE_FORM-action": "retry_failed",
+                                       "_selected_action": str(execution.pk)}, follow=True)
+    assert response.redirect_chain[-1][0] == url
+    execution.refresh_from_db()
+    assert execution.state == State.UNFINISHED
+    assert "Retry: 1 of 1 selected failed executions changed." in response.content.decode()
+
+
+def test_bulk_retry_asks_first_then_changes_only_failed_ones(admin_client, failed):
+    pks = list(e.pk for e in failed.values())
+    confirm = admin_client.post(EXECUTIONS, action("retry_failed", *pks))
+    text = confirm.content.decode()
+    assert confirm.status_code == 200 and "Retry changes <strong>2</strong> of the 3" in text
+    assert Execution.objects.filter(state=State.FAILED).count() == 2, "nothing changed yet"
+    done = admin_client.post(EXECUTIONS, {**action("retry_failed", *pks), "post": "yes"},
+                             follow=True)
+    assert "Retry: 2 of 3 selected failed executions changed. 1 could not be changed" \
+        in done.content.decode()
+    assert Execution.objects.filter(worker="touch", state=State.UNFINISHED).count() == 2
+    assert Execution.objects.filter(worker="touch", state=State.FINISHED).count() == 1
+    counts = run_until_idle(["touch"])
+    assert counts["failed"] == 2
+
+
+def test_run_again_puts_a_finished_execution_back(admin_client, failed):
+    finished = next(e for e in failed.values() if e.state == State.FINISHED)
+    admin_client.post(EXECUTIONS, action("run_again", finished.pk))
+    finished.refresh_from_db()
+    assert finished.state == State.UNFINISHED and finished.finished_at is None
+
+
+def test_staff_without_change_permission_sees_no_action_and_gets_403(client, failed):
+    client.force_login(staff("view_execution", "view_taskrecord"))
+    page = client.get(EXECUTIONS)
+    assert page.status_code == 200 and 'name="action"' not in page.content.decode()
+    execution = next(e for e in failed.values() if e.state == State.FAILED)
+    assert client.post(EXECUTIONS, action("retry_failed", execution.pk)).status_code == 403
+    url = reverse("admin:django_dbworker_execution_change", args=[execution.pk])
+    detail = client.get(url).content.decode()
+    assert "CHANGE_FORM-action" not in detail and "Traceback" in detail
+    forged = client.post(url, {"CHANGE_FORM-action": "retry_failed",
+                               "_selected_action": str(execution.pk)})
+    assert forged.status_code == 403
+    result = tasks.add.enqueue(1, 2)
+    assert client.post(TASKS, action("cancel_tasks", result.id)).status_code == 403
+    execution.refresh_from_db()
+    assert execution.state == State.FAILED
+    assert TaskRecord.objects.get(pk=result.id).status == TaskStatus.READY
+
+
+def test_staff_with_change_permission_may_retry(client, failed):
+    client.force_login(staff("view_execution", "change_execution"))
+    execution = next(e for e in failed.values() if e.state == State.FAILED)
+    assert 'name="action"' in client.get(EXECUTIONS).content.decode()
+    client.post(EXECUTIONS, action("retry_failed", execution.pk))
+    execution.refresh_from_db()
+    assert execution.state == State.UNFINISHED
+
+
+def test_tasks_list_detail_retry_and_cancel(admin_client):
+    failing = tasks.always_fails.enqueue()
+    waiting = tasks.add.using(run_after=timezone.now() + timezone.timedelta(hours=1)).enqueue(1, 2)
+    run_until_idle(tasks=True, worker_names=[])
+    TaskRecord.objects.filter(pk=waiting.id).update(progress=42.0, progress_message="half")
+    page = admin_client.get(TASKS).content.decode()
+    assert 'role="progressbar" aria-valuenow="42"' in page and "dbw-status-failed" in page
+    detail = admin_client.get(
+        reverse("admin:django_dbworker_taskrecord_change", args=[failing.id])).content.decode()
+    assert detail.count("Traceback (most recent call last)") == 3, "every attempt's error"
+    assert "Attempt 3 at" in detail
+    admin_client.post(TASKS, action("retry_tasks", failing.id))
+    assert TaskRecord.objects.get(pk=failing.id).status == TaskStatus.READY
+    admin_client.post(TASKS, action("cancel_tasks", waiting.id))
+    assert TaskRecord.objects.get(pk=waiting.id).status == TaskStatus.CANCELLED
+    assert admin_client.get(TASKS, {"q": str(waiting.id)}).content.decode().count(
+        'name="_selected_action" value=') == 1
+
+
+def test_supervisors_and_dashboard(admin_client, failed):
+    now = timezone.now()
+    Supervisor.objects.create(
+        id=uuid.uuid4(), host="web-1", pid=42, started_at=now, last_heartbeat=now,
+        heartbeat_expires_at=now + timezone.timedelta(seconds=30), concurrency=4,
+        workers=["touch"], queues=None,
+        running=[{"worker": "touch", "execution": 1, "source": "1", "attempt": 1,
+                  "child": 43, "since": now.isoformat()}])
+    Supervisor.objects.create(
+        id=uuid.uuid4(), host="web-2", pid=7, started_at=now, last_heartbeat=now,
+        heartbeat_expires_at=now - timezone.timedelta(seconds=1), concurrency=2)
+    page = admin_client.get(reverse("admin:django_dbworker_supervisor_changelist"))
+    text = page.content.decode()
+    assert "web-1:42" in text and ">alive<" in text and ">dead<" in text and "1 of 4" in text
+    dash = admin_client.get(reverse("admin:django_dbworker_dashboard_changelist"))
+    text = dash.content.decode()
+    assert dash.status_code == 200 and "builtins.ValueError" in text
+    assert "1 alive" in text and "1 dead" in text
+    assert re.search(r"<th><a [^>]*>touch</a></th>", text)
+    index = admin_client.get(reverse("admin:index")).content.decode()
+    assert "Dashboard" in index
+
+
+def test_dashboard_needs_a_view_permission(client, db):
+    client.force_login(staff())
+    url = reverse("admin:django_dbworker_dashboard_changelist")
+    assert client.get(url).status_code == 403
+
+
+def test_mixin_column_filter_and_reprocess(admin_client, failed):
+    url = reverse("admin:testapp_item_changelist")
+    page = admin_client.get(url).content.decode()
+    assert "dbw-status-failed" in page and "dbw-status-finished" in page
+    assert "django_dbworker/admin.css" in page, "the badges get their style"
+    only_failed = admin_client.get(url, {"dbworker_touch": "FAILED"}).content.decode()
+    assert only_failed.count('name="_selected_action" value=') == 2
+    none_yet = admin_client.get(url, {"dbworker_after_touch": "none"}).content.decode()
+    assert none_yet.count('name="_selected_action" value=') == 3, "only touch ran"
+    finished = next(e for e in failed.values() if e.state == State.FINISHED)
+    admin_client.post(url, action("dbworker_reprocess", finished.source_id))
+    finished.refresh_from_db()
+    assert finished.state == State.UNFINISHED
+
+
+def test_mixin_reprocess_needs_change_execution(client, failed):
+    client.force_login(staff("view_item", "change_item"))
+    url = reverse("admin:testapp_item_changelist")
+    assert "dbworker_reprocess" not in client.get(url).content.decode()
+    pk = next(iter(failed))
+    assert client.post(url, action("dbworker_reprocess", pk)).status_code == 403
