@@ -41,6 +41,14 @@ else:
 
 #: The claim_cost benchmark switches DATABASE between "default" and "large".
 DBWORKER = {"DATABASE": "default", "LEASE_SECONDS": 60.0}
+#: BENCH_PREFETCH=<n>: DBWORKER["PREFETCH"] for the runworkers the benchmarks start.
+if os.environ.get("BENCH_PREFETCH"):
+    DBWORKER["PREFETCH"] = int(os.environ["BENCH_PREFETCH"])
+#: BENCH_POLL=<seconds>: DBWORKER["POLL_INTERVAL"] (latency.py runs SQLite with several).
+if os.environ.get("BENCH_POLL"):
+    DBWORKER["POLL_INTERVAL"] = float(os.environ["BENCH_POLL"])
+TASKS = {"default": {"BACKEND": "django_dbworker.backend.DBWorkerBackend",
+                     "QUEUES": ["default"]}}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

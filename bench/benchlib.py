@@ -154,6 +154,25 @@ def load_rows(size: int, using: str = "default", table: str = ROW_TABLE) -> None
             )
 
 
+def load_tasks(task_path: str, size: int, using: str = "default") -> None:
+    """Empty the task table, then enqueue ``size`` calls of ``task_path`` (no arguments)
+    with ``enqueue_many``, as an application would."""
+    from django.db import connections
+    from django.utils.module_loading import import_string
+
+    from django_dbworker.models import TaskRecord
+
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        table = TaskRecord._meta.db_table
+        if connection.vendor == "postgresql":
+            cursor.execute(f"TRUNCATE {table}")
+        else:
+            cursor.execute(f"DELETE FROM {table}")
+    if size:
+        import_string(task_path).enqueue_many([((), {})] * size)
+
+
 def load_executions(worker: str, size: int, pending: int, using: str = "default",
                     table: str = ROW_TABLE) -> None:
     """Give every row of ``table`` an execution of ``worker``: the newest ``pending``

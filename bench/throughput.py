@@ -1,22 +1,28 @@
-"""How fast does a real ``runworkers`` drain no-op work?
+"""How fast does a real ``runworkers`` drain no-op work, next to raw SQL on the same table?
 
     .venv/bin/python bench/throughput.py [--db postgres|sqlite|both] [--rows 5000] [--runs 3]
-                                         [--concurrency 2] [--profile]
+                                         [--concurrency 2] [--kind rows,tasks,raw] [--profile]
 
-For each database (its own, created and removed here, as in claim_cost.py): ``--rows``
-source rows (``benchapp.Job``, which no other worker reads) get a PENDING execution of the
-``noop`` worker (its handler returns ``Finished()`` at once), then
-``runworkers --burst --concurrency 2 --worker noop`` is started as a subprocess and timed
-until it exits, ``--runs`` times on a fresh table.
+For each database (its own, created and removed here, as in claim_cost.py), ``--runs``
+times, alternating the kinds within each run so a load spike hits them alike:
 
-Figures: ``rows_per_s`` = rows / wall time of the whole process (start-up included), median
-of the runs; ``net_rows_per_s`` = rows / (wall time - the median wall time of a burst run
-with nothing to do), i.e. without Python/Django start-up and forking the children.
+- ``rows``: ``--rows`` source rows (``benchapp.Job``, which no other worker reads) get a
+  PENDING execution of the ``noop`` worker (its handler returns ``Finished()`` at once),
+  then ``runworkers --burst --concurrency 2 --worker noop`` is timed until it exits;
+- ``tasks``: ``--rows`` calls of the no-op task ``benchapp.tasks.noop`` are enqueued
+  (``enqueue_many``), then ``runworkers --burst --concurrency 2 --queue default`` is timed;
+- ``raw``: the reference, ``rawsql.py``: two processes drain a plain table with one row and
+  one commit per job (PostgreSQL: ``FOR UPDATE SKIP LOCKED``), no Django.
 
-``--profile`` runs one more drain under ``py-spy record --subprocesses --idle`` (``pip
-install py-spy``): the summary (per process role, the functions holding most of the wall
-time) goes into the JSON, the sampled stacks (collapsed format, for flame graph tools) into
-a temporary file whose name is printed.
+Figures: ``per_s`` = rows / median wall time of the whole process (start-up included);
+``net_per_s`` = rows / (wall time - the median wall time of a burst run with nothing to
+do), i.e. without Python/Django start-up and forking the children; ``vs_raw`` = per_s of
+runworkers / per_s of raw SQL measured in the same run. The load average is recorded.
+
+``--profile`` runs one more drain of rows and of tasks under ``py-spy record
+--subprocesses --idle``: the summary (per process role, the functions holding most of the
+wall time) goes into the JSON, the sampled stacks (collapsed format, for flame graph
+tools) into a temporary file whose name is printed.
 
 Writes bench/results/throughput.json and prints a Markdown table.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -36,8 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import benchlib
+import rawsql
 
 WORKER = "noop"
+TASK = "benchapp.tasks.noop"
+KINDS = ("rows", "tasks", "raw")
 
 
 def main() -> None:
@@ -46,31 +56,53 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=5_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--kind", default=",".join(KINDS),
+                        help="comma-separated: rows, tasks, raw (default: all three)")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one drain with py-spy (pip install py-spy)")
     parser.add_argument("--child", choices=benchlib.DATABASES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.kinds = [k for k in args.kind.split(",") if k]
+    if set(args.kinds) - set(KINDS):
+        parser.error(f"--kind: choose among {', '.join(KINDS)}")
     if args.profile and not shutil.which("py-spy", path=str(Path(sys.executable).parent)):
         parser.error("--profile needs py-spy next to this Python: pip install py-spy")
     if args.child:
         Path(args.out).write_text(json.dumps(measure_database(args.child, args)))
         return
     dbs = benchlib.DATABASES if args.db == "both" else (args.db,)
-    passed = [f"--rows={args.rows}", f"--runs={args.runs}",
+    passed = [f"--rows={args.rows}", f"--runs={args.runs}", f"--kind={args.kind}",
               f"--concurrency={args.concurrency}", *(["--profile"] if args.profile else [])]
     found = benchlib.per_database(Path(__file__), dbs, passed)
+    results = [found[db] for db in dbs]
     path = benchlib.write_results("throughput.json", {
         "benchmark": "throughput",
         "machine": benchlib.machine(),
-        "config": {"rows": args.rows, "runs": args.runs, "concurrency": args.concurrency,
-                   "worker": f"{WORKER} (handler returns Finished() at once)",
-                   "command": f"runworkers --burst --concurrency {args.concurrency} "
-                              f"--worker {WORKER}"},
-        "results": [found[db] for db in dbs],
+        "config": config(args),
+        "results": results,
+        "table": report(results),
     })
-    print(report([found[db] for db in dbs]))
+    print(report(results))
     print(f"\nwritten: {path.relative_to(benchlib.ROOT)}")
+
+
+def config(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "rows": args.rows, "runs": args.runs, "concurrency": args.concurrency,
+        "kinds": args.kinds, "prefetch": os.environ.get("BENCH_PREFETCH") or "default",
+        "rows_command": " ".join(command("rows", args.concurrency)[3:]),
+        "tasks_command": " ".join(command("tasks", args.concurrency)[3:]),
+        "raw": "rawsql.py: 2 processes, 1 row and 1 commit per job",
+        "worker": f"{WORKER} (handler returns Finished() at once)",
+        "task": f"{TASK} (returns None)",
+    }
+
+
+def command(kind: str, concurrency: int) -> list[str]:
+    what = [f"--worker={WORKER}"] if kind == "rows" else ["--queue=default"]
+    return [sys.executable, "-m", "django", "runworkers", "--burst",
+            f"--concurrency={concurrency}", *what, "--verbosity=0"]
 
 
 # ----- in the child: one database ------------------------------------------------------------
@@ -80,42 +112,65 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
     with benchlib.scratch_database(db) as name:
         benchlib.setup_django(db, name)
         env = benchlib.environment(db, name)
-        command = [sys.executable, "-m", "django", "runworkers", "--burst",
-                   f"--concurrency={args.concurrency}", f"--worker={WORKER}", "--verbosity=0"]
-        empty = []
-        for _ in range(args.runs):
-            fill(0)
-            empty.append(drain(command, env))
-        walls = []
+        kinds = args.kinds
+        empty: dict[str, list[float]] = {k: [] for k in kinds if k != "raw"}
+        walls: dict[str, list[float]] = {k: [] for k in kinds}
+        loads = []
+        for kind in empty:
+            for _ in range(args.runs):
+                fill(kind, 0)
+                empty[kind].append(drain(command(kind, args.concurrency), env))
         for run in range(args.runs):
-            fill(args.rows)
-            walls.append(drain(command, env))
-            check_drained(args.rows)
-            print(f"{db}: run {run + 1}: {args.rows} rows in {walls[-1]:.2f}s "
-                  f"({args.rows / walls[-1]:.0f} rows/s)", file=sys.stderr, flush=True)
-        wall, idle = statistics.median(walls), statistics.median(empty)
-        result: dict[str, Any] = {
-            "db": db,
-            "rows": args.rows,
-            "wall_s": [round(w, 3) for w in walls],
-            "empty_burst_wall_s": [round(w, 3) for w in empty],
-            "rows_per_s": round(args.rows / wall),
-            "net_rows_per_s": round(args.rows / (wall - idle)) if wall > idle else None,
-        }
+            for kind in kinds[run % len(kinds):] + kinds[:run % len(kinds)]:
+                loads.append(round(os.getloadavg()[0], 2))
+                walls[kind].append(measure(kind, db, name, args, env))
+                print(f"{db}: run {run + 1}: {kind}: {args.rows} in {walls[kind][-1]:.2f}s "
+                      f"({args.rows / walls[kind][-1]:.0f}/s, load {loads[-1]})",
+                      file=sys.stderr, flush=True)
+        result: dict[str, Any] = {"db": db, "jobs": args.rows, "loadavg_1m": loads}
+        for kind in kinds:
+            wall = statistics.median(walls[kind])
+            figures: dict[str, Any] = {"wall_s": [round(w, 3) for w in walls[kind]],
+                                       "per_s": round(args.rows / wall)}
+            if kind in empty:
+                idle = statistics.median(empty[kind])
+                figures["empty_burst_wall_s"] = [round(w, 3) for w in empty[kind]]
+                figures["net_per_s"] = round(args.rows / (wall - idle)) if wall > idle else None
+            result[kind] = figures
+        if "raw" in kinds:
+            for kind in ("rows", "tasks"):
+                if kind in kinds:
+                    result[kind]["vs_raw"] = round(result[kind]["per_s"]
+                                                   / result["raw"]["per_s"], 3)
         if args.profile:
-            fill(args.rows)
-            result["profile"] = profile(db, command, env)
-            check_drained(args.rows)
+            result["profile"] = {}
+            for kind in (k for k in kinds if k != "raw"):
+                fill(kind, args.rows)
+                result["profile"][kind] = profile(f"{db}_{kind}",
+                                                  command(kind, args.concurrency), env)
+                check_drained(kind, args.rows)
     return result
 
 
-def fill(rows: int) -> None:
-    """A fresh table of ``rows`` source rows, each with a PENDING unit of the worker."""
+def measure(kind: str, db: str, name: str, args: argparse.Namespace,
+            env: dict[str, str]) -> float:
+    if kind == "raw":
+        return rawsql.drain(db, name, args.rows)["wall_s"]
+    fill(kind, args.rows)
+    wall = drain(command(kind, args.concurrency), env)
+    check_drained(kind, args.rows)
+    return wall
+
+
+def fill(kind: str, rows: int) -> None:
+    """A fresh table: ``rows`` source rows each with a PENDING unit, or ``rows`` tasks."""
     from django.db import connections
 
-    benchlib.load_rows(rows, table=benchlib.JOB_TABLE)
-    benchlib.load_executions(WORKER, rows, rows, table=benchlib.JOB_TABLE)
-    benchlib.analyze(source=benchlib.JOB_TABLE)
+    if kind == "rows":
+        benchlib.load_rows(rows, table=benchlib.JOB_TABLE)
+        benchlib.load_executions(WORKER, rows, rows, table=benchlib.JOB_TABLE)
+    else:
+        benchlib.load_tasks(TASK, rows)
     connections.close_all()  # nothing of ours holds the database while runworkers runs
 
 
@@ -130,15 +185,18 @@ def drain(command: list[str], env: dict[str, str]) -> float:
     return wall
 
 
-def check_drained(rows: int) -> None:
+def check_drained(kind: str, rows: int) -> None:
     from django.db import connections
 
-    from django_dbworker.models import Execution, State
+    from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
 
-    done = Execution.objects.filter(worker=WORKER, state=State.FINISHED).count()
+    if kind == "rows":
+        done = Execution.objects.filter(worker=WORKER, state=State.FINISHED).count()
+    else:
+        done = TaskRecord.objects.filter(status=TaskStatus.SUCCESSFUL).count()
     connections.close_all()
     if done != rows:
-        raise RuntimeError(f"runworkers exited with {done} of {rows} units FINISHED")
+        raise RuntimeError(f"runworkers exited with {done} of {rows} {kind} done")
 
 
 # ----- profiling -------------------------------------------------------------------------------
@@ -216,11 +274,19 @@ def _percent(counter: Counter[str], total: int, n: int) -> list[list[Any]]:
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    headers = ["db", "rows", "runs: wall s", "empty burst s", "rows/s (median)",
-               "net rows/s"]
-    rows = [[r["db"], r["rows"], ", ".join(f"{w:.2f}" for w in r["wall_s"]),
-             f"{statistics.median(r['empty_burst_wall_s']):.2f}", r["rows_per_s"],
-             r["net_rows_per_s"]] for r in results]
+    headers = ["db", "kind", "jobs", "runs: wall s", "empty burst s", "jobs/s (median)",
+               "net jobs/s", "vs raw SQL"]
+    rows = []
+    for r in results:
+        for kind in KINDS:
+            if kind not in r:
+                continue
+            f = r[kind]
+            empty = f.get("empty_burst_wall_s")
+            rows.append([r["db"], kind, r["jobs"], ", ".join(f"{w:.2f}" for w in f["wall_s"]),
+                         f"{statistics.median(empty):.2f}" if empty else "",
+                         f["per_s"], f.get("net_per_s", ""),
+                         f"{f['vs_raw']:.0%}" if "vs_raw" in f else ""])
     return benchlib.markdown_table(headers, rows)
 
 

@@ -30,6 +30,8 @@ RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smhd])\s*$")
 RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 type Callback = Callable[..., Any] | str | None
+#: Task arguments as stored: JSON without NaN or infinities.
+_JSON = json.JSONEncoder(allow_nan=False)
 
 
 def parse_rate(rate: str) -> tuple[float, float]:
@@ -164,7 +166,7 @@ class DBWorkerBackend(BaseTaskBackend):
     def enqueue_many(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
     ) -> list[TaskResult]:
-        from .claims import taskstore
+        from .claims import newtasks, taskstore
 
         self.validate_task(task)
         calls = list(calls)
@@ -174,7 +176,9 @@ class DBWorkerBackend(BaseTaskBackend):
                 f"Task {task.name!r}: idempotency_key={key!r} was given for {len(calls)} "
                 "calls; a key identifies one call."
             )
-        rows = [taskstore.new_record(task, *_json_call(task, i, call))
+        shared = newtasks.Shared.of(task)
+        ids = newtasks.ids(shared, len(calls))
+        rows = [newtasks.new(shared, *_json_call(task, i, call), task_id=ids[i])
                 for i, call in enumerate(calls)]
         using = conf.get().DATABASE
         on_commit = getattr(task, "enqueue_on_commit", None)
@@ -221,7 +225,8 @@ class DBWorkerBackend(BaseTaskBackend):
             )
 
 
-def _json_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str, Any]]:
+def _json_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str, Any], str, str]:
+    """The call's arguments JSON-ready, and as JSON text."""
     try:
         args, kwargs = call
     except (TypeError, ValueError):
@@ -230,13 +235,13 @@ def _json_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str, 
         ) from None
     try:
         args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
-        json.dumps([args, kwargs], allow_nan=False)
+        texts = _JSON.encode(args), _JSON.encode(kwargs)
     except (TypeError, ValueError) as exc:
         raise InvalidTaskArguments(
             f"Task {task.name!r}: the arguments of call {index} cannot be stored as JSON "
             f"({exc}); pass ids and plain values instead of objects."
         ) from None
-    return args, kwargs
+    return args, kwargs, *texts
 
 
 def _validate_options(where: str, task: DBWorkerTask) -> None:

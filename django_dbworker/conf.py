@@ -33,6 +33,9 @@ class Config:
     SWEEP_BATCH: int = 1000
     #: Child processes per supervisor when ``runworkers --concurrency`` is not given.
     CONCURRENCY: int = max(os.cpu_count() or 1, 1)
+    #: Units per child the supervisor may claim ahead of free children, while recent units
+    #: ran briefly (0: claim only for free children). See supervisor/prefetch.py.
+    PREFETCH: int = 4
     #: Units a child runs before it is replaced (``None``: never replaced).
     MAX_TASKS_PER_CHILD: int | None = None
     #: Seconds a SQLite connection waits for the write lock before giving up.
@@ -80,7 +83,7 @@ def _check(key: str, value: Any) -> None:
                 f"{where} is {value!r}; it must be one of {', '.join(map(repr, LOG_FORMATS))}."
             )
         return
-    if key == "HEALTH_MIN_SUPERVISORS":
+    if key in ("HEALTH_MIN_SUPERVISORS", "PREFETCH"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ImproperlyConfigured(f"{where} is {value!r}; it must be an integer >= 0.")
         return

@@ -8,8 +8,12 @@ from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import DateTimeField
+from django.db.models.expressions import RawSQL
 
 from . import conf
+
+_UNSET: Any = object()
 
 
 def on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
@@ -65,9 +69,61 @@ def transaction_marker(using: str) -> Any:
     connection = connections[using]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT now()")
+            cursor.execute("SELECT transaction_timestamp()")
             return cursor.fetchone()[0]
     if connection.vendor == "sqlite":
         raw = connection.connection
         return None if raw is None or not raw.in_transaction else "in-transaction"
     return None
+
+
+_STARTED = {"_dbworker_transaction": RawSQL("transaction_timestamp()", (),
+                                             output_field=DateTimeField())}
+
+
+class TransactionCheck:
+    """Was the transaction of a transactional handler ended behind our back?
+
+    A handler that sends COMMIT or ROLLBACK through a cursor ends the transaction Django
+    opened; what it wrote before is committed without the unit's status. We compare a
+    marker of the transaction (``transaction_marker``) taken before the handler runs with
+    one taken after, without round trips of their own where we can:
+
+    - PostgreSQL: the transaction's start time, selected with the source row (``annotate``)
+      and returned by the fenced completion UPDATE (``returning``). After a COMMIT through
+      a cursor, psycopg opens a new transaction for that UPDATE, so a mismatch found after
+      it is rolled back with everything else.
+    - SQLite: whether a transaction is open, read before the completion UPDATE (after a
+      COMMIT, that UPDATE would run and commit on its own). It costs nothing.
+    """
+
+    #: The annotation carrying the marker on the source row; removed before the handler runs.
+    NAME = next(iter(_STARTED))
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.postgresql = connections[using].vendor == "postgresql"
+        self.begun: Any = None
+
+    @property
+    def returning(self) -> str | None:
+        """SQL for the completion UPDATE to return the marker with (None: not needed)."""
+        return "transaction_timestamp()" if self.postgresql else None
+
+    def annotations(self) -> dict[str, Any]:
+        """What to select with the source row (``QuerySet.annotate``)."""
+        return _STARTED if self.postgresql else {}
+
+    def begin(self, instance: Any) -> None:
+        """Take the marker at the start (from the annotated row on PostgreSQL)."""
+        if self.NAME in vars(instance):
+            self.begun = vars(instance).pop(self.NAME)
+        else:
+            self.begun = transaction_marker(self.using)
+
+    def unchanged(self, marker: Any = _UNSET) -> bool:
+        """Whether the transaction is still the one begun; ``marker``: as the completion
+        UPDATE returned it (PostgreSQL), else it is read now."""
+        if marker is _UNSET:
+            marker = transaction_marker(self.using)
+        return marker == self.begun

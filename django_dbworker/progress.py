@@ -18,10 +18,13 @@ from . import conf
 from .models import Execution, TaskRecord
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unit:
     kind: str  # "task" or "execution"
     id: str
+    #: The last progress recorded for it in this process (None: none yet).
+    percent: float | None = None
+    message: str = ""
 
 
 current: ContextVar[Unit | None] = ContextVar("dbworker_progress_unit", default=None)
@@ -57,6 +60,7 @@ def set_progress(percent: float, message: str | None = None) -> bool:
     main = connections[using]
     model = TaskRecord if unit.kind == "task" else Execution
     key = unit.id if unit.kind == "task" else int(unit.id)
+    unit.percent, unit.message = float(percent), text
     if main.vendor == "sqlite" and main.in_atomic_block:
         model.objects.using(using).filter(pk=key).update(progress=percent,
                                                           progress_message=text)

@@ -60,6 +60,16 @@ class Worker:
         _check_queryset(self.name, self.source, qs)
         return qs.all()
 
+    @property
+    def static_eligible(self) -> bool:
+        """Whether the SQL of ``eligible_queryset()`` is the same on every call: a QuerySet,
+        or the plain default manager; not a callable, which may filter on the time."""
+        eligible = self._eligible
+        if eligible is None:
+            manager = type(self.source._default_manager)
+            return manager.get_queryset is models.Manager.get_queryset
+        return isinstance(eligible, QuerySet)
+
     def state(self, pk: Any) -> dict[str, Any]:
         """Everything known of this worker's execution on the row with primary key ``pk``."""
         from .status import execution_state

@@ -52,7 +52,8 @@ def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorker
     overrides: dict[str, Any] = {"priority": row.priority, "queue_name": row.queue_name}
     if row.run_after is not None:
         overrides["run_after"] = row.run_after
-    task = task.using(**overrides)
+    if any(getattr(task, name) != value for name, value in overrides.items()):
+        task = task.using(**overrides)  # validates the task again: only when it differs
     result = DBWorkerTaskResult(
         task=task,
         id=str(row.pk),

@@ -16,10 +16,11 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from . import conf, keys, progress
+from . import conf, keys, progress, sources
 from .claims import pending, store
 from .claims.store import Claim, FailureInfo
 from .context import Context
+from .db import TransactionCheck
 from .exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from .logs import log_event
 from .outcomes import Finished, Unfinished
@@ -47,6 +48,7 @@ def run(c: Claim) -> Result:
     """Run the handler for ``c`` and record its outcome; never raises for handler errors."""
     started = time.monotonic()
     worker = workers[c.worker]
+    raw = _raw_connection()
     token = pending.running.set(pending.Running(c.execution_id, c.worker, c.source_key))
     unit = progress.current.set(progress.Unit("execution", str(c.execution_id)))
     try:
@@ -60,7 +62,7 @@ def run(c: Claim) -> Result:
         store.forget(c)
         return _result(c, GONE, started, "source row deleted", level=logging.INFO)
     except (OperationalError, InterfaceError) as exc:
-        if _connection_broken(exc):
+        if _connection_broken(exc, raw):
             raise  # the database is unreachable: the caller reconnects; the lease expires
         return _record_failure(c, exc, started)
     except BaseException as exc:
@@ -81,12 +83,21 @@ def _context(worker: Worker, c: Claim) -> Context:
     )
 
 
-def _call(worker: Worker, c: Claim, using: str) -> Finished | Unfinished:
-    context = _context(worker, c)
+def _source(worker: Worker, c: Claim, using: str, check: TransactionCheck | None = None) -> Any:
+    """The unit's source row; with ``check``, its transaction marker is read alongside."""
+    extra = check.annotations() if check is not None else None
     try:
-        source = worker.source._default_manager.using(using).get(pk=context.source_id)
+        source = sources.get(worker.source, keys.from_key(worker.source, c.source_key), using,
+                             extra)
     except worker.source.DoesNotExist:
         raise _SourceGone from None
+    if check is not None:
+        check.begin(source)
+    return source
+
+
+def _call(worker: Worker, c: Claim, source: Any) -> Finished | Unfinished:
+    context = _context(worker, c)
     try:
         outcome = worker(source, context) if worker.takes_context else worker(source)
     except TransactionManagementError as exc:
@@ -106,32 +117,52 @@ def _call(worker: Worker, c: Claim, using: str) -> Finished | Unfinished:
 def _run_in_transaction(worker: Worker, c: Claim) -> str:
     using = conf.get().DATABASE
     connection = connections[using]
+    check = TransactionCheck(using)
     with transaction.atomic(using=using):
-        marker = _marker(using)
-        outcome = _call(worker, c, using)
+        outcome = _call(worker, c, _source(worker, c, using, check))
         if connection.closed_in_transaction or connection.connection is None:
             raise HandlerTransactionError(
                 f"worker {worker.name!r} closed the database connection inside its "
                 "transaction; its writes are lost. Do not close the connection in a "
                 "transactional worker."
             )
-        if _marker(using) != marker:
-            raise HandlerTransactionError(
-                f"worker {worker.name!r} ended the transaction itself (COMMIT or ROLLBACK "
-                "through a cursor); writes before that point were committed without the "
-                "status. Use transactional=False to manage transactions yourself."
-            )
-        return _record(worker, c, outcome)
+        return _record(worker, c, outcome, check)
 
 
-def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished) -> str:
-    """Write the outcome, guarded by the claim's token; raise LeaseLost if it is not ours."""
+def _ended_itself(worker: Worker) -> HandlerTransactionError:
+    return HandlerTransactionError(
+        f"worker {worker.name!r} ended the transaction itself (COMMIT or ROLLBACK "
+        "through a cursor); writes before that point were committed without the "
+        "status. Use transactional=False to manage transactions yourself."
+    )
+
+
+def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished,
+            check: TransactionCheck | None = None) -> str:
+    """Write the outcome, guarded by the claim's token; raise LeaseLost if it is not ours.
+
+    With ``check`` (transactional workers), raise HandlerTransactionError if the handler
+    ended the transaction: read by the completion UPDATE itself where it can, so the
+    UPDATE, run in whatever transaction the handler left, is rolled back with it.
+    """
+    returning = check.returning if check is not None else None
+    if check is not None and returning is None and not check.unchanged():
+        raise _ended_itself(worker)
     current = pending.running.get()
     if current is not None and current.deleted:
+        if check is not None and returning is not None and not check.unchanged():
+            raise _ended_itself(worker)
         if not store.forget(c):
             raise LeaseLost(_lost(worker, c))
         return GONE
-    if not store.complete(c, outcome):
+    if returning is not None:
+        assert check is not None
+        rows = store.complete_returning(c, outcome, returning)
+        if not rows:
+            raise LeaseLost(_lost(worker, c))
+        if not check.unchanged(rows[0][0]):
+            raise _ended_itself(worker)
+    elif not store.complete(c, outcome):
         raise LeaseLost(_lost(worker, c))
     pending.add_siblings(worker, c.source_key, conf.get().DATABASE)
     return FINISHED if isinstance(outcome, Finished) else UNFINISHED
@@ -139,15 +170,9 @@ def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished) -> str:
 
 def _run_then_record(worker: Worker, c: Claim) -> str:
     using = conf.get().DATABASE
-    outcome = _call(worker, c, using)
+    outcome = _call(worker, c, _source(worker, c, using))
     with transaction.atomic(using=using):
         return _record(worker, c, outcome)
-
-
-def _marker(using: str) -> Any:
-    from .db import transaction_marker
-
-    return transaction_marker(using)
 
 
 def _lost(worker: Worker, c: Claim) -> str:
@@ -158,10 +183,21 @@ def _lost(worker: Worker, c: Claim) -> str:
     )
 
 
-def _connection_broken(exc: BaseException) -> bool:
+def _raw_connection() -> Any:
+    """The DB-API connection the unit starts on (opened now if needed)."""
+    connection = connections[conf.get().DATABASE]
+    connection.ensure_connection()
+    return connection.connection
+
+
+def _connection_broken(exc: BaseException, raw: Any) -> bool:
+    """Was the connection lost while the unit ran? Leaving ``transaction.atomic()`` after
+    a lost connection (e.g. ``pg_terminate_backend``) makes Django open a new one at once,
+    so a usable connection that is not ``raw`` means the one the unit ran on was lost."""
     connection = connections[conf.get().DATABASE]
     try:
-        return connection.connection is None or not connection.is_usable()
+        return (connection.connection is None or connection.connection is not raw
+                or not connection.is_usable())
     except DatabaseError:
         return True
 

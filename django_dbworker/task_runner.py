@@ -46,7 +46,8 @@ def run_task(c: TaskClaim) -> Result:
     alias = task.backend
     result = to_result(row, alias, task)
     task_started.send(type(task.get_backend()), task_result=result)
-    token = progress.current.set(progress.Unit("task", str(c.task_id)))
+    unit = progress.Unit("task", str(c.task_id))
+    token = progress.current.set(unit)
     try:
         try:
             value = _call(task, result, row.args, row.kwargs)
@@ -57,10 +58,11 @@ def run_task(c: TaskClaim) -> Result:
             return _failed(task, c, exc, started)
         except BaseException as exc:
             return _failed(task, c, exc, started)
-        if not taskstore.succeed(c, value):
+        finished = timezone.now()
+        if not taskstore.succeed(c, value, at=finished):
             return _result(c, LOST, started, "cancelled or taken over before it finished")
         _callback(task, "on_success", c, value)
-        _finished_signal(task, c)
+        _finished_signal(task, c, _succeeded(row, value, finished, unit))
         return _result(c, SUCCESSFUL, started)
     finally:
         progress.current.reset(token)
@@ -144,8 +146,20 @@ def _callback(task: Any, name: str, c: TaskClaim, value: Any) -> None:
                   callback=name, error=f"{type(exc).__name__}: {exc}")
 
 
-def _finished_signal(task: Any, c: TaskClaim) -> None:
-    row = taskstore.get(c.task_id)
+def _succeeded(row: Any, value: Any, finished: Any, unit: progress.Unit) -> Any:
+    """The task row as ``succeed`` left it, without reading it again: nothing else writes a
+    RUNNING row but this process (its progress through ``set_progress``, noted in ``unit``)."""
+    row.status, row.return_value, row.finished_at = TaskStatus.SUCCESSFUL, value, finished
+    row.token = row.lease_expires_at = None
+    if unit.percent is not None:
+        row.progress, row.progress_message = unit.percent, unit.message
+    return row
+
+
+def _finished_signal(task: Any, c: TaskClaim, row: Any = None) -> None:
+    """Send ``task_finished`` with the task's final result (``row``: as stored; else read)."""
+    if row is None:
+        row = taskstore.get(c.task_id)
     if row is None:
         return
     result = to_result(row, task.backend, task)

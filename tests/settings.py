@@ -80,7 +80,11 @@ DBWORKER = {
     "GRACE_PERIOD": 10.0,
     "SWEEP_INTERVAL": 2.0,
     "CONCURRENCY": 2,
+    # The chaos soak raises it: its random kills may hit one unit more than three times.
+    "MAX_CRASHES": int(os.environ.get("DBWORKER_TEST_MAX_CRASHES", "3")),
 }
+if os.environ.get("DBWORKER_TEST_PREFETCH"):  # the prefetch process tests set it
+    DBWORKER["PREFETCH"] = int(os.environ["DBWORKER_TEST_PREFETCH"])
 if os.environ.get("DBWORKER_TEST_CRON"):  # the cron process test turns this schedule on
     DBWORKER["SCHEDULES"] = {
         "every_second": {"task": "tests.testapp.tasks.tick", "cron": "* * * * * */1"},

@@ -20,6 +20,7 @@ def test_defaults():
         config = conf.load()
     assert config.LEASE_SECONDS == 30.0 and config.MAX_CRASHES == 3
     assert config.DATABASE == "default" and config.MAX_TASKS_PER_CHILD is None
+    assert config.PREFETCH == 4
 
 
 @pytest.mark.parametrize(
@@ -31,6 +32,8 @@ def test_defaults():
         ({"MAX_CRASHES": 0}, r"MAX_CRASHES'\] is 0; it must be an integer >= 1"),
         ({"CONCURRENCY": 2.5}, r"CONCURRENCY'\] is 2.5; it must be an integer >= 1"),
         ({"MAX_TASKS_PER_CHILD": True}, r"MAX_TASKS_PER_CHILD'\] is True"),
+        ({"PREFETCH": -1}, r"PREFETCH'\] is -1; it must be an integer >= 0"),
+        ({"PREFETCH": 1.5}, r"PREFETCH'\] is 1.5; it must be an integer >= 0"),
         ({"DATABASE": "other"}, r"DATABASE'\] is 'other'; it must name a database"),
         ({"LEASE": 3}, r"unknown keys 'LEASE'; known keys are .*LEASE_SECONDS"),
         ([("LEASE_SECONDS", 3)], r"DBWORKER must be a dict, not list"),

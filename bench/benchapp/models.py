@@ -19,3 +19,13 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk}"
+
+
+class Ping(models.Model):
+    """The latency benchmark's source row: its handler notes when it started."""
+
+    #: time.time() when the handler started (written by the handler).
+    started = models.FloatField(null=True)
+
+    def __str__(self) -> str:
+        return f"ping {self.pk}"

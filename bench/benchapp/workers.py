@@ -1,6 +1,8 @@
 """Workers whose handlers do nothing, so a benchmark measures only the machinery."""
 
-from benchapp.models import Job, Row
+import time
+
+from benchapp.models import Job, Ping, Row
 from django_dbworker import Finished, worker
 
 
@@ -19,4 +21,11 @@ def by_priority(row):
 @worker(source=Job, concurrency=64)
 def noop(job):
     """The throughput worker: as many units at once as runworkers has children."""
+    return Finished()
+
+
+@worker(source=Ping)
+def ping(row):
+    """The latency worker: notes when its handler started (update(): no save signals)."""
+    Ping.objects.filter(pk=row.pk).update(started=time.time())
     return Finished()

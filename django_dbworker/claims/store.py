@@ -8,6 +8,8 @@ The state machine, written down once::
     WORKING     -> FINISHED     complete with the claim's token
     WORKING     -> UNFINISHED   complete with the token (Unfinished), release, reap
     WORKING     -> FAILED       fail with the token; release or reap after MAX_CRASHES
+    WORKING     -> PENDING      unclaim: claimed ahead, given back before it ran (the
+    WORKING     -> UNFINISHED     attempt is taken back; PENDING if it was its first)
     FAILED      -> UNFINISHED   reset_failed (a person asks for another attempt)
     FINISHED    -> UNFINISHED   reprocess (a person asks to run a finished unit again)
 
@@ -17,6 +19,7 @@ changes nothing and returns 0: that is how a process learns it lost its lease.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import uuid
 from dataclasses import dataclass, field
@@ -24,14 +27,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from .. import conf, keys
+from .. import compiled, conf, keys
 from ..models import CLAIMABLE, Execution, Failure, State
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
 from .queries import candidates, in_states
+
+#: The partial index the claim reads (``Execution.Meta.indexes``).
+CLAIM_INDEX = "dbworker_execution_claimable"
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "claim": frozenset({State.PENDING, State.UNFINISHED}),
@@ -39,6 +45,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "fail": frozenset({State.WORKING}),
     "release": frozenset({State.WORKING}),
     "reap": frozenset({State.WORKING}),
+    "unclaim": frozenset({State.WORKING}),
     "reset_failed": frozenset({State.FAILED}),
     "reprocess": frozenset({State.FAILED, State.FINISHED}),
 }
@@ -61,6 +68,10 @@ class Claim:
     token: uuid.UUID
     attempt: int
     lease_expires_at: datetime
+
+    @property
+    def unit_pk(self) -> int:
+        return self.execution_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,21 +105,34 @@ def claim_sql(
 ) -> tuple[str, list[Any]]:
     """The claim statement and its parameters, without running it (``EXPLAIN`` it in tests).
 
-    Call it inside a transaction: the candidate subquery is ``SELECT ... FOR UPDATE``.
+    Run it in a transaction, or alone in autocommit mode: it is one statement. Its candidate
+    subquery (``SELECT ... FOR UPDATE SKIP LOCKED``) is compiled once per worker and claim
+    size when its SQL cannot change (``compiled``).
     """
     using = _alias()
     connection = connections[using]
     table = connection.ops.quote_name(Execution._meta.db_table)
-    inner = candidates(worker, now, using).values("id")[:limit]
-    if connection.features.has_select_for_update_skip_locked:
-        inner = inner.select_for_update(skip_locked=True, of=("self",))
-    inner_sql, inner_params = inner.query.get_compiler(using).as_sql()
+
+    def build(at: datetime) -> Any:
+        inner = candidates(worker, at, using).values("id")[:limit]
+        if connection.features.has_select_for_update_skip_locked:
+            inner = inner.select_for_update(skip_locked=True, of=("self",))
+        return inner
+
+    inner_sql, inner_params = compiled.sql_with_now(
+        ("execution", worker.name, limit), worker, build, now, using,
+        cacheable=worker.static_eligible)
     if connection.vendor == "postgresql":
         # The candidates are picked once (an InitPlan), then updated by primary key. With
         # ``id IN (...)`` the planner may join instead: a sequential scan of the whole table
         # for a small one, and a join may run a LIMIT ... SKIP LOCKED subquery again.
         picked = f"id = ANY(ARRAY({inner_sql}))"
     else:
+        if connection.vendor == "sqlite":
+            # Statistics (ANALYZE, PRAGMA optimize) of a table whose units are all waiting
+            # make SQLite scan and sort the whole table for LIMIT 1 or 2: name the index.
+            index = connection.ops.quote_name(CLAIM_INDEX)
+            inner_sql = inner_sql.replace(f"FROM {table} ", f"FROM {table} INDEXED BY {index} ", 1)
         picked = f"id IN ({inner_sql})"
     sql = (
         f"UPDATE {table} SET state = %s, token = %s, supervisor_id = %s, "
@@ -116,32 +140,40 @@ def claim_sql(
         "started_at = %s, finished_at = NULL, lease_expires_at = %s "
         f"WHERE {picked} RETURNING id, source_id, attempts"
     )
+    field = Execution._meta.get_field
     params = [
         State.WORKING,
-        _prep("token", token, using),
-        _prep("supervisor_id", claimant.supervisor_id, using),
+        field("token").get_db_prep_save(token, connection),
+        field("supervisor_id").get_db_prep_save(claimant.supervisor_id, connection),
         claimant.host,
         claimant.pid,
-        _prep("started_at", now, using),
-        _prep("lease_expires_at", expires, using),
+        field("started_at").get_db_prep_save(now, connection),
+        field("lease_expires_at").get_db_prep_save(expires, connection),
         *inner_params,
     ]
     return sql, params
 
 
+def one_statement(using: str) -> Any:
+    """The transaction a single claim statement runs in: none of its own on PostgreSQL
+    outside a transaction (autocommit commits it, and saves BEGIN and COMMIT round trips);
+    elsewhere a transaction (SQLite: BEGIN IMMEDIATE takes the write lock first)."""
+    connection = connections[using]
+    if connection.vendor == "postgresql" and connection.get_autocommit():
+        return contextlib.nullcontext()
+    return transaction.atomic(using=using)
+
+
 def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[Claim]:
-    """Claim up to ``limit`` units of ``worker`` in one statement; commit before returning."""
+    """Claim up to ``limit`` units of ``worker`` in one statement; committed on return."""
     using = _alias()
     now = timezone.now()
     expires = now + timedelta(seconds=lease)
     token = uuid.uuid4()
-    with transaction.atomic(using=using):
-        sql, params = claim_sql(
-            worker, limit, claimant, token=token, now=now, expires=expires
-        )
-        with connections[using].cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
+    sql, params = claim_sql(worker, limit, claimant, token=token, now=now, expires=expires)
+    with one_statement(using), connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
     return [Claim(row[0], worker.name, row[1], token, row[2], expires) for row in rows]
 
 
@@ -151,20 +183,59 @@ def _fenced(c: Claim, using: str) -> Any:
     )
 
 
-def complete(c: Claim, outcome: Outcome) -> int:
-    """Write the handler's outcome, only while ``c`` is still the current claim."""
-    using = _alias()
+def _completed(outcome: Outcome) -> dict[str, Any]:
+    """The columns ``complete`` writes for ``outcome``."""
     now = timezone.now()
     done = {"token": None, "lease_expires_at": None, "finished_at": now}
     if isinstance(outcome, Finished):
-        return _fenced(c, using).update(state=State.FINISHED, **done)
+        return {"state": State.FINISHED, **done}
     assert isinstance(outcome, Unfinished)
-    return _fenced(c, using).update(
-        state=State.UNFINISHED,
-        available_at=now + timedelta(seconds=outcome.seconds),
-        crashes=0,
-        **done,
-    )
+    return {"state": State.UNFINISHED, "available_at": now + timedelta(seconds=outcome.seconds),
+            "crashes": 0, **done}
+
+
+def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[Any]]:
+    """``complete``'s guarded UPDATE as SQL: it runs once per unit, so it is written out
+    rather than built with the ORM (the same guard as ``_fenced``)."""
+    values = _completed(outcome)
+    key = (connection.alias, tuple(values))
+    sql = _completion_sql.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        columns = ", ".join(f"{quote(Execution._meta.get_field(name).column)} = %s"
+                            for name in values)
+        sql = _completion_sql[key] = (
+            f"UPDATE {quote(Execution._meta.db_table)} SET {columns} "
+            "WHERE id = %s AND token = %s AND state = %s"
+        )
+    field = Execution._meta.get_field
+    params = [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
+    (from_state,) = TRANSITIONS["complete"]
+    return sql, [*params, c.execution_id, field("token").get_db_prep_save(c.token, connection),
+                 from_state]
+
+
+_completion_sql: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def complete(c: Claim, outcome: Outcome) -> int:
+    """Write the handler's outcome, only while ``c`` is still the current claim."""
+    connection = connections[_alias()]
+    sql, params = _completion(c, outcome, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def complete_returning(c: Claim, outcome: Outcome, returning: str) -> list[tuple[Any, ...]]:
+    """``complete``, with ``RETURNING returning``: one row if it changed the unit, none if
+    ``c`` is no longer the current claim. The runner reads a transaction marker this way
+    without a round trip of its own (``db.TransactionCheck``)."""
+    connection = connections[_alias()]
+    sql, params = _completion(c, outcome, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {returning}", params)
+        return cursor.fetchall()
 
 
 def fail(c: Claim, failure: FailureInfo) -> int:
@@ -216,6 +287,39 @@ def release(c: Claim, *, crashed: FailureInfo | None, max_crashes: int) -> int:
             _record(c.execution_id, c.attempt, _too_many(crashed, max_crashes), now, using)
             return failed
         return qs.update(state=State.UNFINISHED, crashes=F("crashes") + 1, **back)
+
+
+def unclaim(claims: list[Claim]) -> int:
+    """Give back units claimed ahead that never ran, fenced by their tokens: not a crash.
+
+    Each goes back to where the claim took it from: PENDING if this was to be its first
+    attempt, else UNFINISHED; the attempt is taken back, ``available_at`` (already passed)
+    is kept, so it keeps its place. ``started_at`` of a unit that ran before is the time of
+    the claim given back.
+    """
+    if not claims:
+        return 0
+    first = Q(attempts__lte=1)
+    return Execution.objects.using(_alias()).filter(
+        by_tokens(claims), state__in=TRANSITIONS["unclaim"]
+    ).update(
+        state=Case(When(first, then=Value(State.PENDING)), default=Value(State.UNFINISHED)),
+        attempts=F("attempts") - 1,
+        started_at=Case(When(first, then=None), default=F("started_at")),
+        token=None,
+        lease_expires_at=None,
+    )
+
+
+def by_tokens(claims: list[Any]) -> Q:
+    """The rows of ``claims`` (``id``/``token`` of executions or task rows), by token."""
+    by_token: dict[uuid.UUID, list[Any]] = {}
+    for c in claims:
+        by_token.setdefault(c.token, []).append(c.unit_pk)
+    owned = Q(pk__in=[])
+    for token, pks in by_token.items():
+        owned |= Q(token=token, pk__in=pks)
+    return owned
 
 
 def _too_many(crashed: FailureInfo, max_crashes: int) -> FailureInfo:

@@ -7,6 +7,8 @@
     RUNNING     -> RETRYING     an attempt failed and retries are left
     RUNNING     -> FAILED       an attempt failed for good; release after MAX_CRASHES
     RUNNING     -> READY        release (its process died or it was cut off), reap
+    RUNNING     -> READY        unclaim: claimed ahead, given back before it ran (the
+                                attempt and its worker id are taken back)
     READY       -> CANCELLED    cancel
     RETRYING    -> CANCELLED    cancel
     RUNNING     -> CANCELLED    cancel: the supervisor stops its process, then records it
@@ -24,20 +26,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import F
-from django.tasks import Task
+from django.db.models import Case, F, Func, JSONField, When
 from django.utils import timezone
 
-from .. import conf, notify
+from .. import compiled, conf, notify, sources
 from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
+from . import newtasks
 from .queries import in_states
-from .store import Claimant, FailureInfo
+from .store import Claimant, FailureInfo, by_tokens, one_statement
 
-KEY_NAMESPACE = uuid.UUID("5d1c2f7e-3b0a-4c7e-9a51-6f0d8b9e2c41")
+KEY_NAMESPACE = newtasks.KEY_NAMESPACE
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "claim": frozenset(TASK_CLAIMABLE),
     "finish": frozenset({TaskStatus.RUNNING}),
+    "unclaim": frozenset({TaskStatus.RUNNING}),
     "cancel_waiting": frozenset({TaskStatus.READY, TaskStatus.RETRYING}),
     "cancel_running": frozenset({TaskStatus.RUNNING}),
     "retry": frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED}),
@@ -58,6 +61,10 @@ class TaskClaim:
     def unit_id(self) -> str:
         return str(self.task_id)
 
+    @property
+    def unit_pk(self) -> uuid.UUID:
+        return self.task_id
+
 
 def _alias() -> str:
     return conf.get().DATABASE
@@ -70,43 +77,19 @@ def _prep(name: str, value: Any, using: str) -> Any:
 # ----- enqueue ------------------------------------------------------------------------
 
 
-def new_record(task: Task, args: list[Any], kwargs: dict[str, Any]) -> TaskRecord:
-    now = timezone.now()
-    run_after = task.run_after
-    if isinstance(run_after, timedelta):
-        run_after = now + run_after
-    key = getattr(task, "idempotency_key", None)
-    return TaskRecord(
-        # A keyed task's id follows from its key, so a result handed out before the row
-        # is stored (enqueue on commit) names the task that holds the key, whoever wrote it.
-        id=uuid.uuid5(KEY_NAMESPACE, key) if key else uuid.uuid4(),
-        task_path=task.module_path,
-        backend=task.backend,
-        queue_name=task.queue_name,
-        priority=task.priority,
-        args=args,
-        kwargs=kwargs,
-        status=TaskStatus.READY,
-        run_after=run_after,
-        available_at=run_after or now,
-        enqueued_at=now,
-        idempotency_key=key,
-        schedule=getattr(task, "_schedule", ""),
-    )
-
-
-def insert(rows: list[TaskRecord], *, idempotency_key: str | None) -> list[TaskRecord]:
+def insert(rows: list[newtasks.NewTask], *,
+           idempotency_key: str | None) -> list[newtasks.NewTask | TaskRecord]:
     """Store new task rows in one statement; with a key, return the row holding it."""
     using = _alias()
-    manager = TaskRecord.objects.using(using)
     if idempotency_key is None:
         with transaction.atomic(using=using):
-            manager.bulk_create(rows)
+            newtasks.insert(rows, using)
             notify.announce(using, "task")
-        return rows
+        return list(rows)
+    manager = TaskRecord.objects.using(using)
     try:
         with transaction.atomic(using=using):
-            manager.bulk_create(rows, ignore_conflicts=True)
+            manager.bulk_create([r.record() for r in rows], ignore_conflicts=True)
             notify.announce(using, "task")
     except IntegrityError:  # pragma: no cover - ignore_conflicts covers the key
         pass
@@ -122,7 +105,10 @@ def get(result_id: Any) -> TaskRecord | None:
         pk = uuid.UUID(str(result_id))
     except ValueError:
         return None
-    return TaskRecord.objects.using(_alias()).filter(pk=pk).first()
+    try:
+        return sources.get(TaskRecord, pk, _alias())  # compiled once: read once per attempt
+    except TaskRecord.DoesNotExist:
+        return None
 
 
 # ----- claim --------------------------------------------------------------------------
@@ -146,48 +132,56 @@ def claim(
     expires = now + timedelta(seconds=lease)
     token = uuid.uuid4()
     worker_id = f"{claimant.host}:{claimant.pid}"
-    inner = TaskRecord.objects.using(using).filter(
-        in_states(TASK_CLAIMABLE, "status"), available_at__lte=now
-    )
-    if queues is not None:
-        inner = inner.filter(queue_name__in=queues)
-    if only_path is not None:
-        inner = inner.filter(task_path=only_path)
-    if exclude_paths:
-        inner = inner.exclude(task_path__in=list(exclude_paths))
-    inner = inner.order_by(F("priority").desc(), "available_at", "id").values("id")[:limit]
+    exclude = tuple(exclude_paths)
+
+    def build(at: datetime) -> Any:
+        inner = TaskRecord.objects.using(using).filter(
+            in_states(TASK_CLAIMABLE, "status"), available_at__lte=at
+        )
+        if queues is not None:
+            inner = inner.filter(queue_name__in=queues)
+        if only_path is not None:
+            inner = inner.filter(task_path=only_path)
+        if exclude:
+            inner = inner.exclude(task_path__in=list(exclude))
+        # The order of the claim index (dbworker_task_claimable): with one queue the claim
+        # walks it and stops after ``limit`` tasks; a tie-breaker it lacks (``id``) would
+        # make every claim sort all waiting tasks. Ties go in index order (enqueue order).
+        inner = inner.order_by(F("priority").desc(), "available_at").values("id")[:limit]
+        if connection.features.has_select_for_update_skip_locked:
+            inner = inner.select_for_update(skip_locked=True, of=("self",))
+        return inner
+
+    key = ("task", tuple(queues) if queues is not None else None, limit, only_path, exclude)
+    inner_sql, inner_params = compiled.sql_with_now(key, None, build, now, using)
     table = connection.ops.quote_name(TaskRecord._meta.db_table)
     if connection.vendor == "postgresql":
         append = "worker_ids || jsonb_build_array(%s::text)"
     else:
         append = "json_insert(worker_ids, '$[#]', %s)"
-    with transaction.atomic(using=using):
-        if connection.features.has_select_for_update_skip_locked:
-            inner = inner.select_for_update(skip_locked=True, of=("self",))
-        inner_sql, inner_params = inner.query.get_compiler(using).as_sql()
-        sql = (
-            f"UPDATE {table} SET status = %s, token = %s, supervisor_id = %s, "
-            "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
-            "started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
-            f"lease_expires_at = %s, worker_ids = {append} "
-            f"WHERE id IN ({inner_sql}) RETURNING id, task_path, attempts"
-        )
-        stamp = _prep("last_attempted_at", now, using)
-        params = [
-            TaskStatus.RUNNING,
-            _prep("token", token, using),
-            _prep("supervisor_id", claimant.supervisor_id, using),
-            claimant.host,
-            claimant.pid,
-            stamp,
-            stamp,
-            _prep("lease_expires_at", expires, using),
-            worker_id,
-            *inner_params,
-        ]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
+    sql = (
+        f"UPDATE {table} SET status = %s, token = %s, supervisor_id = %s, "
+        "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
+        "started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
+        f"lease_expires_at = %s, worker_ids = {append} "
+        f"WHERE id IN ({inner_sql}) RETURNING id, task_path, attempts"
+    )
+    stamp = _prep("last_attempted_at", now, using)
+    params = [
+        TaskStatus.RUNNING,
+        _prep("token", token, using),
+        _prep("supervisor_id", claimant.supervisor_id, using),
+        claimant.host,
+        claimant.pid,
+        stamp,
+        stamp,
+        _prep("lease_expires_at", expires, using),
+        worker_id,
+        *inner_params,
+    ]
+    with one_statement(using), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
     pk = TaskRecord._meta.pk
     return [
         TaskClaim(pk.to_python(row[0]), row[1], token, row[2], expires, now) for row in rows
@@ -203,11 +197,27 @@ def _fenced(c: TaskClaim, using: str) -> Any:
     )
 
 
-def succeed(c: TaskClaim, return_value: Any) -> int:
-    return _fenced(c, _alias()).update(
-        status=TaskStatus.SUCCESSFUL, return_value=return_value, finished_at=timezone.now(),
-        token=None, lease_expires_at=None,
-    )
+def succeed(c: TaskClaim, return_value: Any, *, at: datetime | None = None) -> int:
+    """RUNNING -> SUCCESSFUL with the return value, fenced by the claim's token; ``at``:
+    its ``finished_at`` (default: now).
+
+    It runs once per task, so it is written out rather than built with the ORM (the same
+    guard as ``_fenced``)."""
+    connection = connections[_alias()]
+    field = TaskRecord._meta.get_field
+    values = {"status": TaskStatus.SUCCESSFUL, "return_value": return_value,
+              "finished_at": at or timezone.now(), "token": None, "lease_expires_at": None}
+    quote = connection.ops.quote_name
+    columns = ", ".join(f"{quote(field(name).column)} = %s" for name in values)
+    (from_status,) = TRANSITIONS["finish"]
+    sql = (f"UPDATE {quote(TaskRecord._meta.db_table)} SET {columns} "
+           "WHERE id = %s AND token = %s AND status = %s")
+    params = [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
+    params += [field("id").get_db_prep_save(c.task_id, connection),
+               field("token").get_db_prep_save(c.token, connection), from_status]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
 
 
 def error_entry(info: FailureInfo, attempt: int, when: datetime) -> dict[str, Any]:
@@ -258,6 +268,33 @@ def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> i
         errors = [*row["errors"], error_entry(crashed, c.attempt, now)]
         return qs.update(status=TaskStatus.READY, crashes=F("crashes") + 1, errors=errors,
                          **back)
+
+
+def unclaim(claims: list[TaskClaim]) -> int:
+    """Give back tasks claimed ahead that never ran, fenced by their tokens: not a crash.
+
+    READY again with the attempt and the worker id the claim added taken back (a task
+    that had not started before gets no ``started_at``); ``available_at`` is kept.
+    """
+    if not claims:
+        return 0
+    using = _alias()
+    if connections[using].vendor == "postgresql":
+        last_removed = Func(F("worker_ids"), template="(%(expressions)s - (-1))",
+                            output_field=JSONField())
+    else:
+        last_removed = Func(F("worker_ids"), template="json_remove(%(expressions)s, '$[#-1]')",
+                            output_field=JSONField())
+    return TaskRecord.objects.using(using).filter(
+        by_tokens(claims), status__in=TRANSITIONS["unclaim"]
+    ).update(
+        status=TaskStatus.READY,
+        attempts=F("attempts") - 1,
+        started_at=Case(When(attempts__lte=1, then=None), default=F("started_at")),
+        worker_ids=last_removed,
+        token=None,
+        lease_expires_at=None,
+    )
 
 
 def renew(claimant: Claimant, task_ids: list[uuid.UUID], lease: float) -> int:
@@ -372,6 +409,8 @@ def claim_limited(
 
     if room <= 0:
         return []
+    if not limits and global_limit is None:
+        return claim(queues, room, claimant, lease)  # one statement, no buckets to keep
     using = _alias()
     with transaction.atomic(using=using):
         overall = None

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import TextIO
@@ -18,15 +19,16 @@ from .. import conf
 from ..claims import pending, store
 from ..claims.store import Claimant, FailureInfo
 from ..db import use_immediate_transactions
-from ..logs import log_event
+from ..logs import log_event, logger
 from ..registry import Worker
 from . import pool, units
 from .heartbeat import Heartbeat
 from .pool import Child, describe_exit
+from .prefetch import Prefetch
 from .progress import Progress
 from .taskwork import TaskWork
 from .units import Unit
-from .wakeups import Listener
+from .wakeups import Commits, Listener
 
 CHILD_DIED = "django_dbworker.exceptions.ChildProcessDied"
 #: Seconds a worker whose claim or sweep raised is left alone before it is tried again.
@@ -58,6 +60,8 @@ class Supervisor:
         self.stop_requested_at: float | None = None
         self.hard_stop = False
         self.retry_release: list[tuple[Unit, FailureInfo | None]] = []
+        self.retry_unclaim: list[Unit] = []
+        self.prefetch = Prefetch(config.PREFETCH, options.concurrency, config.LEASE_SECONDS)
         self.tasks = (
             # --burst runs what is there and stops; cron would keep it going forever
             TaskWork(options.queues, config, self.claimant, schedule=not options.burst)
@@ -71,6 +75,9 @@ class Supervisor:
         self._broken: dict[str, float] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self.listener = Listener(self.using)
+        self.commits = Commits(self.using)
+        #: What NOTIFY announced since the last claim ("task", "rows", worker names).
+        self._announced: set[str] = set()
         self.heartbeat = Heartbeat(
             self.claimant, lease=config.LEASE_SECONDS, concurrency=options.concurrency,
             workers=[w.name for w in options.workers], queues=options.queues,
@@ -92,6 +99,8 @@ class Supervisor:
             code = self._loop()
         finally:
             self._shutdown_children()
+            with contextlib.suppress(DatabaseError):
+                self._give_back(self.prefetch.drain())
             self.listener.close()
             self.progress.close()
         with contextlib.suppress(DatabaseError):
@@ -106,6 +115,8 @@ class Supervisor:
                 return self._cut_off("second signal")
             stopping = self.stop_requested_at is not None
             if stopping:
+                if self._may_write_now():
+                    self._give_back_now(self.prefetch.drain())
                 for ch in self.children:
                     if ch.claim is None:
                         ch.ask_to_stop()
@@ -134,52 +145,102 @@ class Supervisor:
     # ----- claims and dispatch ------------------------------------------------------
 
     def _busy(self) -> bool:
-        return any(ch.claim is not None for ch in self.children)
+        """Units are running, or claimed ahead and waiting for a child."""
+        return bool(len(self.prefetch)) or any(ch.claim is not None for ch in self.children)
 
     def _fill(self) -> int | None:
-        """Claim work for the idle children; the number of units claimed, or None when no
-        child was free (so nothing is known about what is claimable: --burst keeps going)."""
+        """Feed the idle children, from the units claimed ahead first, and claim more.
+
+        Returns the number of units claimed, or None when no claim was tried (no child was
+        free and enough units wait: nothing is known about what is claimable, so --burst
+        keeps going).
+        """
         idle = [ch for ch in self.children if ch.claim is None and not ch.retiring
                 and not ch.stopping and ch.process.exitcode is None]
-        if not idle:
+        while idle and len(self.prefetch):
+            self._dispatch(idle.pop(), self.prefetch.take())
+        now = time.monotonic()
+        self._give_back(self.prefetch.expired(now))
+        ahead = self.prefetch.ahead()
+        if not idle and len(self.prefetch) > ahead // 2:
             return None
-        running: dict[str, int] = {}
+        want = len(idle) + ahead - len(self.prefetch)
+        if want <= 0:
+            return None
+        held = self.prefetch.groups()
         for ch in self.children:
             if ch.claim is not None:
-                group = units.group(ch.claim)
-                running[group] = running.get(group, 0) + 1
+                held[units.group(ch.claim)] += 1
         sources: list[Worker | None] = [*self.options.workers]
         if self.tasks is not None:
             sources.append(None)  # None stands for the task queues
         start = self._rotation % len(sources)
         self._rotation += 1
+        sources = sources[start:] + sources[:start]
+        if self._announced:  # what woke us first: one claim sooner to its handler
+            sources.sort(key=lambda source: not self._announced_for(source))
+            self._announced = set()
         claimed = 0
-        for source in sources[start:] + sources[:start]:
-            claims = self._claim(source, idle, running)
-            for c in claims:
-                claimed += 1  # work was found, even if it goes back below
-                child = idle.pop()
-                log_event(logging.DEBUG, "claimed", **units.describe(c), child=child.pid)
-                try:
-                    child.dispatch(c)
-                except OSError:  # the child is gone; its exit is handled by its sentinel
-                    units.release(c, crashed=None, max_crashes=self.config.MAX_CRASHES)
-            if not idle:
+        for source in sources:
+            claims = self._claim(source, want - claimed, held)
+            claimed += len(claims)  # work was found, even if it goes back below
+            while idle and claims:
+                self._dispatch(idle.pop(), claims.pop(0))
+            self.prefetch.put(claims, now)
+            if claimed >= want:
                 break
         if claimed:
             self._last_claim = time.monotonic()
         return claimed
 
-    def _claim(self, source: Worker | None, idle: list[Child],
-               running: dict[str, int]) -> list[Unit]:
+    def _announced_for(self, source: Worker | None) -> bool:
+        if source is None:
+            return "task" in self._announced
+        return "rows" in self._announced or source.name in self._announced
+
+    def _dispatch(self, child: Child, c: Unit) -> None:
+        if logger.isEnabledFor(logging.DEBUG):
+            log_event(logging.DEBUG, "claimed", **units.describe(c), child=child.pid)
+        try:
+            child.dispatch(c)
+        except OSError:  # the child is gone; its exit is handled by its sentinel
+            self._give_back([c])
+
+    def _give_back(self, claimed: list[Unit]) -> None:
+        """Unclaim units that never ran; retried later if the database does not answer."""
+        if not claimed:
+            return
+        try:
+            units.unclaim(claimed)
+        except DatabaseError:
+            self.retry_unclaim.extend(claimed)
+            raise
+
+    def _may_write_now(self) -> bool:
+        """Whether a write returns at once. On SQLite a running transactional handler holds
+        the only write lock: the supervisor would wait for it, and could not cut it off
+        after the grace period meanwhile. Nobody else can claim then either, so units
+        claimed ahead are given back once no unit runs."""
+        return not self.commits.active or not any(ch.claim for ch in self.children)
+
+    def _give_back_now(self, claimed: list[Unit]) -> None:
+        if claimed:
+            log_event(logging.INFO, "gave_back", units=len(claimed),
+                      reason="stopping: units claimed ahead go back at once")
+        with contextlib.suppress(DatabaseError):  # retried by _maintain
+            self._give_back(claimed)
+
+    def _claim(self, source: Worker | None, want: int, held: Counter[str]) -> list[Unit]:
+        """Claim up to ``want`` units of ``source`` (None: tasks); ``held``: units running or
+        waiting here per concurrency group, for a worker's own ``concurrency``."""
         name = "tasks" if source is None else source.name
-        if self._broken.get(name, 0.0) > time.monotonic():
+        if want <= 0 or self._broken.get(name, 0.0) > time.monotonic():
             return []
         try:
             if source is None:
                 assert self.tasks is not None
-                return list(self.tasks.claim(len(idle)))
-            room = min(len(idle), source.concurrency - running.get(source.name, 0))
+                return list(self.tasks.claim(want))
+            room = min(want, source.concurrency - held[source.name])
             if room <= 0:
                 return []
             return list(store.claim(source, room, self.claimant, self.config.LEASE_SECONDS))
@@ -220,13 +281,17 @@ class Supervisor:
         now = time.monotonic()
         third = self.config.LEASE_SECONDS / 3
         self._retry_releases()
+        if self.retry_unclaim:
+            units.unclaim(self.retry_unclaim)
+            self.retry_unclaim = []
         if now >= self._next["renew"]:
             held = [ch.claim for ch in self.children if ch.claim is not None]
+            held += self.prefetch.units()  # claimed ahead: renewed in the same statement
             units.renew(self.claimant, held, self.config.LEASE_SECONDS)
             self.heartbeat.beat(self.children, self.progress.done)
             self._next["renew"] = now + third
         if self.tasks is not None:
-            self.tasks.maintain(self.children, self._stop_child)
+            self.tasks.maintain(self.children, self._stop_child, self.prefetch)
         if now >= self._next["reap"]:
             reaped = units.reap(self.config.MAX_CRASHES, tasks=self.tasks is not None)
             if reaped:
@@ -269,8 +334,12 @@ class Supervisor:
         self._wait(self._backoff)
 
     def _idle_timeout(self) -> float:
-        until_renew = self._next["renew"] - time.monotonic()
+        now = time.monotonic()
+        until_renew = self._next["renew"] - now
         poll = 0.0 if self.sweeping else self.config.POLL_INTERVAL
+        expiry = self.prefetch.next_expiry(now)
+        if expiry is not None:
+            poll = min(poll, expiry)
         return max(0.0, min(poll, until_renew))
 
     # ----- children -------------------------------------------------------------------
@@ -288,9 +357,9 @@ class Supervisor:
             handles.append(listening)
         for ch in self.children:
             handles += [ch.pipe, ch.process.sentinel]
-        ready = wait(handles, timeout)
+        ready = self._wait_for(handles, timeout)
         if listening is not None and listening in ready:
-            self.listener.drain()  # the next loop claims; what was announced does not matter
+            self._announced |= self.listener.drain()  # the next loop claims these first
         if self._wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 self._wake_r.recv(4096)
@@ -303,6 +372,19 @@ class Supervisor:
                 if ch.process.exitcode is not None:
                     self._drain(ch)
                     self._child_exited(ch)
+
+    def _wait_for(self, handles: list, timeout: float) -> list:
+        """Until a handle is ready or ``timeout`` passed; on SQLite also until another
+        connection committed (``wakeups.Commits``), looked at every few milliseconds."""
+        step = self.commits.INTERVAL
+        if not self.commits.active or timeout <= step:
+            return wait(handles, timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            ready = wait(handles, max(0.0, min(step, left)))
+            if ready or left <= step or self.commits.changed():
+                return ready
 
     def _read(self, ch: Child) -> None:
         try:
@@ -324,6 +406,7 @@ class Supervisor:
             ch.claim = None
             ch.retiring = ch.retiring or message[2]
             self.progress.add(message[1].outcome)
+            self.prefetch.ran(message[1].seconds)
             if self.stop_requested_at is not None:
                 ch.ask_to_stop()
         elif kind == "db_error":
@@ -367,6 +450,7 @@ class Supervisor:
         cut = [ch for ch in self.children if ch.claim is not None]
         for ch in self.children:
             ch.kill()
+        self._give_back_now(self.prefetch.drain())
         for ch in cut:
             c = ch.claim
             ch.claim = None

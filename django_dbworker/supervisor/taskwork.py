@@ -19,6 +19,7 @@ from ..logs import log_event
 from ..models import TaskStatus
 from ..scheduling import Scheduler, schedules
 from .pool import Child
+from .prefetch import Prefetch
 
 TIMEOUT = "django_dbworker.exceptions.TaskTimeout"
 CANCELLED = "django_dbworker.exceptions.TaskCancelled"
@@ -47,8 +48,10 @@ class TaskWork:
             limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
         )
 
-    def maintain(self, children: list[Child], stop: Callable[[Child], None]) -> None:
-        """Stop timed-out and cancelled tasks; enqueue due cron ticks; prune old tasks."""
+    def maintain(self, children: list[Child], stop: Callable[[Child], None],
+                 waiting: Prefetch | None = None) -> None:
+        """Stop timed-out and cancelled tasks (``waiting``: claimed ahead, not started);
+        enqueue due cron ticks; prune old tasks."""
         now = time.monotonic()
         running = [ch for ch in children if isinstance(ch.claim, TaskClaim)]
         for ch in running:
@@ -60,7 +63,14 @@ class TaskWork:
         if now >= self._next["cancel"]:
             self._next["cancel"] = now + CANCEL_POLL
             by_id = {ch.claim.task_id: ch for ch in running if ch.claim is not None}
-            for task_id in taskstore.cancel_requested(list(by_id)):
+            queued = {c.task_id: c for c in (waiting.units() if waiting else [])
+                      if isinstance(c, TaskClaim)}
+            for task_id in taskstore.cancel_requested([*by_id, *queued]):
+                if task_id in queued:
+                    assert waiting is not None
+                    waiting.remove(queued[task_id])
+                    self._cancel_waiting(queued[task_id])
+                    continue
                 self._stop(by_id[task_id], stop, TaskStatus.CANCELLED, FailureInfo(
                     CANCELLED, "the task was cancelled while it ran and its process was "
                     "stopped"))
@@ -82,6 +92,15 @@ class TaskWork:
         log_event(logging.WARNING, "cancelled" if status == TaskStatus.CANCELLED else
                   "timed_out", task=c.task_path, id=c.task_id, attempt=c.attempt,
                   child=ch.pid)
+
+    def _cancel_waiting(self, c: TaskClaim) -> None:
+        """A task claimed ahead was cancelled before a child started it."""
+        from ..task_runner import record_stopped
+
+        record_stopped(c.task_path, c, FailureInfo(CANCELLED, "the task was cancelled before "
+                       "it ran"), status=TaskStatus.CANCELLED)
+        log_event(logging.WARNING, "cancelled", task=c.task_path, id=c.task_id,
+                  attempt=c.attempt)
 
     def _prune(self) -> None:
         retention = self.config.RETENTION

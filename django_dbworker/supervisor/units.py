@@ -14,13 +14,14 @@ from typing import Any
 from ..claims import store, taskstore
 from ..claims.store import Claim, Claimant, FailureInfo
 from ..claims.taskstore import TaskClaim
-from ..logs import log_event
+from ..logs import log_event, logger
 
 type Unit = Claim | TaskClaim
 
 
 def run(c: Unit) -> Any:
-    log_event(logging.DEBUG, "started", **describe(c), pid=os.getpid())
+    if logger.isEnabledFor(logging.DEBUG):
+        log_event(logging.DEBUG, "started", **describe(c), pid=os.getpid())
     if isinstance(c, TaskClaim):
         from ..task_runner import run_task
 
@@ -33,6 +34,13 @@ def run(c: Unit) -> Any:
 def release(c: Unit, *, crashed: FailureInfo | None, max_crashes: int) -> int:
     module = taskstore if isinstance(c, TaskClaim) else store
     return module.release(c, crashed=crashed, max_crashes=max_crashes)
+
+
+def unclaim(claims: list[Unit]) -> int:
+    """Give back units claimed ahead that never ran (one statement per kind)."""
+    executions = [c for c in claims if isinstance(c, Claim)]
+    tasks = [c for c in claims if isinstance(c, TaskClaim)]
+    return store.unclaim(executions) + taskstore.unclaim(tasks)
 
 
 def renew(claimant: Claimant, claims: list[Unit], lease: float) -> int:

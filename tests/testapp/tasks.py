@@ -9,6 +9,7 @@ from django.tasks import task
 from django_dbworker import set_progress
 
 from .models import Effect
+from .workers import _exhaust_memory
 
 
 def record_success(result, value):
@@ -114,3 +115,39 @@ def committed(n):
 @task(retries=1, retry_delay=3600)
 def slow_retry():
     raise ValueError("later")
+
+
+@task(retries=1, retry_delay=0, retry_for=(BaseException,), timeout=2)
+def poison(action):
+    """Misbehaves as ``action`` says; retried once whatever it raises."""
+    Effect.objects.create(item_id=0, worker="poison", note=action, pid=os.getpid())
+    if action == "abort":
+        os.abort()
+    if action == "memory":
+        _exhaust_memory()
+    if action == "exit":
+        raise SystemExit(3)
+    if action == "interrupt":
+        raise KeyboardInterrupt
+    if action == "hang":
+        while True:
+            time.sleep(1)
+    return action
+
+
+@task
+def chaos_effect(n, seconds=0.0):
+    """One Effect per run (the soak counts them against the attempts)."""
+    Effect.objects.create(item_id=n, worker="chaos_task", pid=os.getpid())
+    if seconds:
+        time.sleep(seconds)
+    return n
+
+
+@task(timeout=30, takes_context=True)
+def slow_first(context, n, seconds):
+    """Sleeps on its first attempt only; a re-run returns at once. Returns who ran it."""
+    Effect.objects.create(item_id=n, worker="slow_first", pid=os.getpid())
+    if context.attempt == 1:
+        time.sleep(seconds)
+    return {"n": n, "pid": os.getpid(), "attempt": context.attempt}

@@ -1,6 +1,7 @@
 """Workers the tests drive through their source rows' fields."""
 
 import os
+import resource
 import signal
 import time
 
@@ -42,6 +43,10 @@ def _act(item, name, context=None):
         with connection.cursor() as cursor:
             cursor.execute("COMMIT")
         return Finished()
+    if action == "raw_rollback":
+        with connection.cursor() as cursor:
+            cursor.execute("ROLLBACK")
+        return Finished()
     if action == "close":
         connection.close()
         return Finished()
@@ -55,10 +60,38 @@ def _act(item, name, context=None):
         return Finished() if item.steps + 1 >= total else Unfinished()
     if action == "wait":
         return Unfinished(delay=3600)
+    if action == "abort":  # like a segfault: the process dies by a signal (SIGABRT)
+        os.abort()
+    if action == "memory":
+        _exhaust_memory()
+    if action == "interrupt":
+        raise KeyboardInterrupt
+    if action.startswith("sleep_pct:"):
+        # Some units (this percentage, chosen by pk) take 0.2 s: used by
+        # the chaos soak so that its kills land mid-handler.
+        if item.pk % 100 < int(action.split(":")[1]):
+            time.sleep(0.2)
+        return Finished()
     if action == "delete_self":
         Item.objects.filter(pk=item.pk).delete()
         return Finished()
     raise AssertionError(f"unknown action {action!r}")
+
+
+def _exhaust_memory():
+    """Allocate until MemoryError, under an address-space limit set here (and lifted after),
+    so the test machine's memory is never at risk."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        used = int(f.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (used + 256 * 1024 * 1024, hard))
+    try:
+        hog = []
+        while True:
+            hog.append(bytearray(32 * 1024 * 1024))
+    finally:
+        hog = None
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 @worker(source=Item, eligible=lambda: Item.objects.filter(kind="touch", enabled=True),

@@ -1,0 +1,16 @@
+"""Tasks for the benchmarks: one that does nothing, one that says when it started."""
+
+import time
+
+from django.tasks import task
+
+
+@task
+def noop():
+    """The throughput task."""
+
+
+@task
+def stamp():
+    """The latency task: its return value is time.time() when it started."""
+    return time.time()

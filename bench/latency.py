@@ -1,0 +1,196 @@
+"""How long from the commit of new work to its handler's start, when the supervisor idles?
+And what does an idle supervisor cost?
+
+    .venv/bin/python bench/latency.py [--db postgres|sqlite|both] [--samples 100]
+                                      [--sqlite-poll 1.0,0.1]
+
+For each database (its own, created and removed here) a real ``runworkers --concurrency 2
+--worker ping --queue default`` runs (not --burst). Then, alternately, ``--samples`` times
+each, one unit of work is committed while the supervisor idles (a random 20-100 ms after
+the previous unit finished):
+
+- ``tasks``: ``benchapp.tasks.stamp.enqueue()``; the task returns ``time.time()``;
+- ``rows``: ``Ping.objects.create()`` (a source row saved through the ORM: its unit is
+  made PENDING in the same transaction); the ``ping`` handler stores ``time.time()``.
+
+Latency = handler start - the time ``enqueue()``/``create()`` returned (the commit is done
+by then). PostgreSQL wakes the supervisor with LISTEN/NOTIFY; on SQLite it looks every
+50 ms whether another connection committed (``PRAGMA data_version``) and polls every
+``POLL_INTERVAL`` as before (``--sqlite-poll``: the values to run with; default the
+default, 1 s). Then the supervisor and its children idle for ``--idle`` seconds: their CPU
+use (% of one core) and memory (RSS).
+
+Writes bench/results/latency.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import benchlib
+
+TARGETS = {"postgres_p50_ms": 3, "postgres_p99_ms": 20, "sqlite_p50_ms": 50,
+           "idle_cpu_percent": 1, "idle_rss_mb": 150}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=[*benchlib.DATABASES, "both"], default="both")
+    parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--sqlite-poll", default="1.0",
+                        help="POLL_INTERVAL values to run SQLite with (comma-separated)")
+    parser.add_argument("--idle", type=float, default=10.0,
+                        help="seconds to measure the idle supervisor's CPU use")
+    parser.add_argument("--child", choices=benchlib.DATABASES, help=argparse.SUPPRESS)
+    parser.add_argument("--poll", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        Path(args.out).write_text(json.dumps(measure_database(args.child, args)))
+        return
+    dbs = benchlib.DATABASES if args.db == "both" else (args.db,)
+    results = []
+    for db in dbs:
+        polls = [float(p) for p in args.sqlite_poll.split(",")] if db == "sqlite" else [1.0]
+        for poll in polls:
+            passed = [f"--samples={args.samples}", f"--idle={args.idle}", f"--poll={poll}"]
+            results.append(benchlib.per_database(Path(__file__), [db], passed)[db])
+    path = benchlib.write_results("latency.json", {
+        "benchmark": "latency",
+        "machine": benchlib.machine(),
+        "config": {"samples": args.samples, "idle_s": args.idle, "targets": TARGETS,
+                   "command": "runworkers --concurrency 2 --worker ping --queue default"},
+        "results": results,
+        "table": report(results),
+    })
+    print(report(results))
+    print(f"\nwritten: {path.relative_to(benchlib.ROOT)}")
+
+
+def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
+    with benchlib.scratch_database(db) as name:
+        benchlib.setup_django(db, name)
+        from django.db import connections
+
+        benchlib.load_tasks("benchapp.tasks.stamp", 0)
+        connections.close_all()
+        env = {**benchlib.environment(db, name), "BENCH_POLL": str(args.poll)}
+        command = [sys.executable, "-m", "django", "runworkers", "--concurrency=2",
+                   "--worker=ping", "--queue=default", "--verbosity=0"]
+        process = subprocess.Popen(command, env=env, cwd=benchlib.ROOT)
+        try:
+            one("tasks", timeout=60)  # started, connected, listening
+            one("rows", timeout=60)
+            samples: dict[str, list[float]] = {"tasks": [], "rows": []}
+            loads = [round(os.getloadavg()[0], 2)]
+            for i in range(args.samples * 2):
+                kind = ("tasks", "rows")[i % 2]
+                time.sleep(random.uniform(0.02, 0.1))  # idle, at a random phase
+                samples[kind].append(one(kind))
+            loads.append(round(os.getloadavg()[0], 2))
+            idle = idle_cost(process.pid, args.idle)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+    return {"db": db, "poll_interval": args.poll, "listen_notify": db == "postgres",
+            "loadavg_1m": loads, **{k: figures(v) for k, v in samples.items()}, **idle}
+
+
+def one(kind: str, timeout: float = 10.0) -> float:
+    """Commit one unit; wait until its handler ran; seconds from commit to handler start."""
+    from benchapp.models import Ping
+    from benchapp.tasks import stamp
+
+    from django_dbworker.models import TaskRecord, TaskStatus
+
+    if kind == "tasks":
+        result = stamp.enqueue()
+        committed = time.time()
+        done = TaskRecord.objects.filter(pk=result.id, status=TaskStatus.SUCCESSFUL)
+        field = "return_value"
+    else:
+        ping = Ping.objects.create()
+        committed = time.time()
+        done = Ping.objects.filter(pk=ping.pk, started__isnull=False)
+        field = "started"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = done.values_list(field, flat=True).first()
+        if found is not None:
+            return float(found) - committed
+        time.sleep(0.002)
+    raise RuntimeError(f"a {kind} unit did not run within {timeout}s")
+
+
+def idle_cost(pid: int, seconds: float) -> dict[str, Any]:
+    """CPU (% of one core) and RSS (MB) of the supervisor and its children while idle."""
+    time.sleep(1.0)  # let the last unit's bookkeeping settle
+    pids = [pid, *children(pid)]
+    before = sum(cpu_seconds(p) for p in pids)
+    time.sleep(seconds)
+    used = sum(cpu_seconds(p) for p in pids) - before
+    return {"idle_cpu_percent": round(100 * used / seconds, 2),
+            "idle_rss_mb": round(sum(rss_mb(p) for p in pids), 1), "processes": len(pids)}
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def figures(seconds: list[float]) -> dict[str, Any]:
+    ms = sorted(s * 1000 for s in seconds)
+
+    def pct(p: float) -> float:
+        return round(ms[min(len(ms) - 1, round(p / 100 * (len(ms) - 1)))], 2)
+
+    return {"n": len(ms), "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99),
+            "max_ms": round(ms[-1], 2), "mean_ms": round(statistics.fmean(ms), 2)}
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    headers = ["db", "wake-up", "kind", "n", "p50 ms", "p90 ms", "p99 ms", "max ms",
+               "idle CPU % (sup + 2 children)", "idle RSS MB"]
+    rows = []
+    for r in results:
+        wake = "LISTEN/NOTIFY" if r["listen_notify"] else f"polling {r['poll_interval']:g}s"
+        for kind in ("tasks", "rows"):
+            f = r[kind]
+            rows.append([r["db"], wake, kind, f["n"], f["p50_ms"], f["p90_ms"], f["p99_ms"],
+                         f["max_ms"], r["idle_cpu_percent"], r["idle_rss_mb"]])
+    return benchlib.markdown_table(headers, rows)
+
+
+if __name__ == "__main__":
+    main()

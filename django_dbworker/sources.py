@@ -1,0 +1,128 @@
+"""One row by primary key, read as ``Model._default_manager.get(pk=...)`` reads it.
+
+The runner reads a unit's source row, and the task runner its task row, once or twice per
+unit; building and compiling that ``get()`` costs more than running it. When the default
+manager is a plain one (its queryset is the same SQL every time) and selects no related
+rows, the query is compiled once per model and database, and each read runs that SQL with
+its own key and builds the instance the way Django's query iterator does: the compiler's
+column list and field converters, ``Model.from_db``, annotations as attributes. Any other
+manager gets ``get()``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.db import connections, models
+
+from .keys import pk_field
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """The compiled ``filter(pk=...)`` of one model and database, and how to read its row."""
+
+    sql: str
+    params: tuple[Any, ...]
+    slot: int  # where the primary key goes in ``params``
+    compiler: Any
+    converters: dict[int, Any]
+    fields: slice  # the model's columns in a row
+    names: list[str]  # their attribute names, for Model.from_db
+    annotations: dict[str, int]  # annotation name -> column
+
+    def read(self, model: type[models.Model], pk: Any, using: str) -> models.Model | None:
+        params = list(self.params)
+        params[self.slot] = pk
+        with connections[using].cursor() as cursor:
+            cursor.execute(self.sql, params)
+            rows = cursor.fetchall()
+        if not rows:
+            return None
+        if self.converters:
+            rows = list(self.compiler.apply_converters(rows, self.converters))
+        row = rows[0]
+        instance = model.from_db(using, self.names, row[self.fields])
+        for name, position in self.annotations.items():
+            setattr(instance, name, row[position])
+        return instance
+
+
+_readers: dict[Hashable, Reader | None] = {}
+
+
+def get(model: type[models.Model], pk: Any, using: str,
+        annotations: dict[str, Any] | None = None) -> models.Model:
+    """The row of ``model`` with primary key ``pk``; raises ``model.DoesNotExist``."""
+    manager = model._default_manager.db_manager(using)
+    key = (using, connections[using].vendor, model, tuple(annotations or ()))
+    if key not in _readers:
+        _readers[key] = _reader(manager, annotations or {}, using)
+    reader = _readers[key]
+    if reader is None:
+        qs = manager.annotate(**annotations) if annotations else manager.all()
+        return qs.get(pk=pk)
+    instance = reader.read(model, _prep(model, pk, using), using)
+    if instance is None:
+        raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
+    return instance
+
+
+def _reader(manager: models.Manager[Any], annotations: dict[str, Any],
+            using: str) -> Reader | None:
+    """Compile ``filter(pk=...)`` once; None when the query may not be reused."""
+    if type(manager).get_queryset is not models.Manager.get_queryset:
+        return None  # a custom get_queryset() may change its SQL between calls
+    probes = _probes(manager.model)
+    if probes is None:
+        return None
+    qs = manager.annotate(**annotations) if annotations else manager.all()
+    compiled = []
+    for probe in probes:
+        compiler = qs.filter(pk=probe).query.get_compiler(using)
+        sql, params = compiler.as_sql()
+        compiled.append((compiler, sql, list(params)))
+    (compiler, sql, params), (_, other_sql, other_params) = compiled
+    slots = [i for i, (a, b) in enumerate(zip(params, other_params, strict=False)) if a != b]
+    info = compiler.klass_info
+    if (sql != other_sql or len(params) != len(other_params) or len(slots) != 1
+            or params[slots[0]] != _prep(manager.model, probes[0], using)
+            or not info or info.get("related_klass_infos")):
+        return None
+    select = compiler.select
+    first, last = info["select_fields"][0], info["select_fields"][-1] + 1
+    return Reader(
+        sql=sql, params=tuple(params), slot=slots[0], compiler=compiler,
+        converters=compiler.get_converters([column[0] for column in select]),
+        fields=slice(first, last),
+        names=[column[0].target.attname for column in select[first:last]],
+        annotations=dict(compiler.annotation_col_map or {}),
+    )
+
+
+def _probes(model: type[models.Model]) -> list[Any] | None:
+    """Two primary key values of the model's type that tell its parameter apart."""
+    field = pk_field(model)
+    if isinstance(field, models.IntegerField):
+        return [-1, -2]
+    if isinstance(field, models.UUIDField):
+        return [uuid.UUID(int=1), uuid.UUID(int=2)]
+    if isinstance(field, models.CharField):
+        return ["\x01dbworker-a", "\x01dbworker-b"]
+    return None
+
+
+def _prep(model: type[models.Model], value: Any, using: str) -> Any:
+    field = pk_field(model)
+    return field.get_db_prep_value(field.to_python(value), connections[using], prepared=False)
+
+
+def forget(**kwargs: Any) -> None:
+    _readers.clear()
+
+
+setting_changed.connect(forget, dispatch_uid="dbworker-source-readers")

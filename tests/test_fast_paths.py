@@ -1,0 +1,277 @@
+"""The per-unit shortcuts behave like the ORM they replace: compiled claims and rows, the
+unclaim transition, transaction checks folded into statements, the bulk task insert."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.tasks.signals import task_finished
+from django.utils import timezone
+
+from django_dbworker import compiled, sources
+from django_dbworker.claims import store, taskstore
+from django_dbworker.db import TransactionCheck
+from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
+from django_dbworker.registry import workers
+from django_dbworker.supervisor.prefetch import Prefetch
+from django_dbworker.testing import run_until_idle
+from tests.testapp import tasks
+from tests.testapp.models import Document, Effect, Item
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# ----- compiled claims --------------------------------------------------------------------
+
+
+def test_a_queryset_eligible_is_compiled_once_and_claims_the_same(monkeypatch):
+    compiled.forget()
+    loose = workers["loose"]  # eligible is a QuerySet: its SQL cannot change
+    assert loose.static_eligible and not workers["touch"].static_eligible
+    items = [Item.objects.create(kind="loose") for _ in range(3)]
+    builds = []
+    real = compiled.compile_query
+    monkeypatch.setattr(compiled, "compile_query", lambda qs, using: (builds.append(1),
+                                                                       real(qs, using))[1])
+    first = store.claim(loose, 1, store.Claimant(), 30)
+    second = store.claim(loose, 1, store.Claimant(), 30)
+    third = store.claim(loose, 1, store.Claimant(), 30)
+    assert len(builds) == 2, "compiled once, with two probes for the slot of now"
+    assert [int(c.source_key) for c in first + second + third] == [i.pk for i in items]
+
+
+def test_a_callable_eligible_is_compiled_for_every_claim(monkeypatch):
+    compiled.forget()
+    Item.objects.create()
+    builds = []
+    real = compiled.compile_query
+    monkeypatch.setattr(compiled, "compile_query", lambda qs, using: (builds.append(1),
+                                                                       real(qs, using))[1])
+    store.claim(workers["touch"], 1, store.Claimant(), 30)
+    store.claim(workers["touch"], 1, store.Claimant(), 30)
+    assert len(builds) == 2
+
+
+def test_claims_of_a_compiled_query_respect_available_at():
+    compiled.forget()
+    item = Item.objects.create(kind="loose")
+    Execution.objects.filter(source_id=str(item.pk)).update(
+        available_at=timezone.now() + timedelta(hours=1))
+    assert store.claim(workers["loose"], 5, store.Claimant(), 30) == []
+    Execution.objects.filter(source_id=str(item.pk)).update(available_at=timezone.now())
+    assert len(store.claim(workers["loose"], 5, store.Claimant(), 30)) == 1
+
+
+# ----- source rows ------------------------------------------------------------------------
+
+
+def test_source_rows_read_like_get():
+    item = Item.objects.create(action="steps:3", rank=7)
+    document = Document.objects.create(title="hello")
+    for model, pk in ((Item, item.pk), (Document, document.pk), (Document, str(document.pk))):
+        fast = sources.get(model, pk, "default")
+        slow = model.objects.get(pk=pk)
+        assert type(fast) is model
+        assert {f.attname: getattr(fast, f.attname) for f in model._meta.concrete_fields} == {
+            f.attname: getattr(slow, f.attname) for f in model._meta.concrete_fields}
+        assert not fast._state.adding and fast._state.db == "default"
+    with pytest.raises(Item.DoesNotExist):
+        sources.get(Item, 999_999, "default")
+
+
+def test_task_rows_read_like_get_json_included():
+    result = tasks.add.using(priority=5).enqueue(2, 3)
+    row = taskstore.get(result.id)
+    assert row == TaskRecord.objects.get(pk=result.id)
+    assert row.args == [2, 3] and row.kwargs == {} and row.priority == 5
+    assert taskstore.get(uuid.uuid4()) is None
+
+
+def test_annotations_come_back_as_attributes(vendor):
+    item = Item.objects.create()
+    check = TransactionCheck("default")
+    row = sources.get(Item, item.pk, "default", check.annotations())
+    assert (TransactionCheck.NAME in vars(row)) == (vendor == "postgresql")
+
+
+# ----- transaction checks -------------------------------------------------------------------
+
+
+def test_handler_that_rolls_back_through_a_cursor_is_detected():
+    item = Item.objects.create(action="raw_rollback")
+    assert run_until_idle(["touch"]) == {"failed": 1}
+    error = workers["touch"].state(item.pk)["error"]
+    assert error["exception_class"] == "django_dbworker.exceptions.HandlerTransactionError"
+    assert "ended the transaction itself" in error["message"]
+    assert not Effect.objects.exists()
+
+
+def test_finished_units_record_their_status_with_the_marker_in_the_update():
+    items = [Item.objects.create() for _ in range(3)]
+    assert run_until_idle(["touch"]) == {"finished": 3}
+    assert Effect.objects.filter(worker="touch").count() == 3
+    for item in items:
+        assert workers["touch"].state(item.pk)["execution_status"] == "FINISHED"
+
+
+# ----- unclaim ------------------------------------------------------------------------------
+
+
+def test_unclaim_puts_units_back_as_they_were_and_counts_nothing():
+    again, done = Item.objects.create(), Item.objects.create()
+    assert run_until_idle(["touch"]) == {"finished": 2}
+    store.reprocess(workers["touch"], [again.pk])  # FINISHED -> UNFINISHED, attempts 1
+    newest = Item.objects.create()
+    claims = store.claim(workers["touch"], 10, store.Claimant(), 30)
+    assert sorted(int(c.source_key) for c in claims) == [again.pk, newest.pk]
+    assert store.unclaim(claims) == 2
+    by_pk = {int(e.source_id): e for e in Execution.objects.filter(worker="touch")}
+    assert (by_pk[newest.pk].state, by_pk[newest.pk].attempts) == (State.PENDING, 0)
+    assert by_pk[newest.pk].started_at is None
+    assert (by_pk[again.pk].state, by_pk[again.pk].attempts) == (State.UNFINISHED, 1)
+    assert by_pk[done.pk].state == State.FINISHED
+    assert all(e.token is None and e.crashes == 0 for e in by_pk.values())
+    assert store.unclaim(claims) == 0, "fenced by the tokens: only once"
+
+
+def test_unclaim_leaves_a_unit_another_claim_took_alone():
+    Item.objects.create()
+    (old,) = store.claim(workers["touch"], 1, store.Claimant(), 30)
+    store.unclaim([old])
+    (new,) = store.claim(workers["touch"], 1, store.Claimant(), 30)
+    assert store.unclaim([old]) == 0
+    assert Execution.objects.get(pk=new.execution_id).state == State.WORKING
+
+
+def test_task_unclaim_takes_back_the_attempt_and_worker_id():
+    result = tasks.add.enqueue(1, 2)
+    (c,) = taskstore.claim(None, 1, store.Claimant(), 30)
+    row = TaskRecord.objects.get(pk=result.id)
+    assert (row.status, row.attempts, len(row.worker_ids)) == (TaskStatus.RUNNING, 1, 1)
+    assert taskstore.unclaim([c]) == 1
+    row.refresh_from_db()
+    assert (row.status, row.attempts, row.worker_ids) == (TaskStatus.READY, 0, [])
+    assert row.started_at is None and row.token is None and row.crashes == 0
+    assert run_until_idle() == {"successful": 1}
+    row.refresh_from_db()
+    assert row.attempts == 1 and len(row.worker_ids) == 1
+
+
+# ----- prefetch arithmetic ------------------------------------------------------------------
+
+
+def test_nothing_is_claimed_ahead_until_units_are_known_to_be_short():
+    p = Prefetch(per_child=2, concurrency=3, lease=30)
+    assert p.ahead() == 0
+    p.ran(0.001)
+    assert p.ahead() == 6, "short units: up to PREFETCH per child"
+    for _ in range(50):
+        p.ran(0.2)
+    assert p.ahead() == 0, "slow units: nothing waits"
+    assert Prefetch(per_child=0, concurrency=3, lease=30).ahead() == 0
+
+
+def test_units_waiting_too_long_are_taken_out_and_count_as_slow():
+    p = Prefetch(per_child=2, concurrency=1, lease=30)
+    p.ran(0.001)
+    p.put(["a", "b"], now=100.0)  # type: ignore[list-item]
+    assert p.expired(100.5) == []
+    assert p.expired(101.0) == ["a", "b"]
+    assert len(p) == 0 and p.ahead() == 0
+    assert Prefetch(2, 1, lease=0.6).hold == pytest.approx(0.2), "a third of the lease"
+
+
+# ----- enqueue_many -------------------------------------------------------------------------
+
+
+def test_enqueue_many_stores_what_enqueue_stores():
+    task = tasks.send_email.using(run_after=timedelta(hours=1))
+    one = task.enqueue("a@example.com")
+    many = task.enqueue_many([(["b@example.com"], {}), ([], {"address": "c@example.com"})])
+    rows = {str(r.pk): r for r in TaskRecord.objects.all()}
+    assert len(rows) == 3
+    single = rows[one.id]
+    for result, args, kwargs in ((many[0], ["b@example.com"], {}),
+                                 (many[1], [], {"address": "c@example.com"})):
+        row = rows[result.id]
+        assert (row.args, row.kwargs) == (args, kwargs) == (result.args, result.kwargs)
+        for name in ("task_path", "backend", "queue_name", "priority", "status", "attempts",
+                     "errors", "worker_ids", "schedule", "idempotency_key", "progress"):
+            assert getattr(row, name) == getattr(single, name), name
+        assert row.run_after == row.available_at and row.run_after > timezone.now()
+        assert result.enqueued_at == row.enqueued_at
+    assert len({r.pk for r in rows.values()}) == 3 and all(
+        r.pk.version == 4 for r in rows.values())
+
+
+def test_enqueue_many_of_thousands_in_one_statement(django_assert_max_num_queries):
+    with django_assert_max_num_queries(4):  # BEGIN/INSERT/NOTIFY/COMMIT at most
+        results = tasks.add.enqueue_many([([i, i], {}) for i in range(2000)])
+    assert TaskRecord.objects.count() == 2000
+    assert TaskRecord.objects.get(pk=results[1234].id).args == [1234, 1234]
+
+
+def test_finished_signal_carries_the_progress_recorded_while_running():
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append(task_result)
+
+    task_finished.connect(receiver)
+    try:
+        result = tasks.with_progress.enqueue(0)
+        assert run_until_idle() == {"successful": 1}
+    finally:
+        task_finished.disconnect(receiver)
+    (finished,) = seen
+    stored = TaskRecord.objects.get(pk=result.id)
+    assert finished.progress == stored.progress == 50
+    assert finished.progress_message == stored.progress_message == "half way"
+    assert finished.finished_at == stored.finished_at and finished.return_value == "done"
+
+
+# ----- SQLite plans -------------------------------------------------------------------------
+
+
+def test_sqlite_claim_names_its_index_even_when_statistics_say_scan(vendor):
+    if vendor != "sqlite":
+        pytest.skip("SQLite's planner only")
+    Item.objects.bulk_create(Item() for _ in range(2000))
+    workers_touch = workers["touch"]
+    from django_dbworker.claims import pending
+
+    pending.Sweeper(workers_touch, 5000).sweep_all()  # every unit waiting
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+        now = timezone.now()
+        sql, params = store.claim_sql(workers_touch, 1, store.Claimant(), token=uuid.uuid4(),
+                                      now=now, expires=now)
+        cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+        plan = [row[-1] for row in cursor.fetchall()]
+    assert any("USING INDEX dbworker_execution_claimable" in line for line in plan), plan
+    assert not any(line.startswith("SCAN django_dbworker_execution") for line in plan), plan
+
+
+def test_task_claim_of_one_queue_walks_its_index_without_sorting(vendor):
+    from django.test.utils import CaptureQueriesContext
+
+    tasks.add.enqueue_many([([i, i], {}) for i in range(3000)])
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {TaskRecord._meta.db_table}")
+    with CaptureQueriesContext(connection) as captured:
+        claimed = taskstore.claim(["default"], 8, store.Claimant(), 30)
+    assert len(claimed) == 8
+    (sql,) = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("UPDATE")]
+    with connection.cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "dbworker_task_claimable" in plan and "Sort" not in plan, plan
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+            plan = "\n".join(row[-1] for row in cursor.fetchall())
+            assert "USING INDEX dbworker_task_claimable" in plan, plan
+            assert "TEMP B-TREE" not in plan, plan
