@@ -16,7 +16,7 @@ from django.db.models import Count
 
 from django_dbworker.models import Execution, State
 from tests.conftest import wait_for
-from tests.test_processes import ONE_CHILD, effects, has_state, running
+from tests.test_processes import ONE_CHILD, running
 from tests.testapp.models import Effect, Item
 
 pytestmark = pytest.mark.processes
@@ -25,9 +25,12 @@ PREFETCH = {"DBWORKER_TEST_PREFETCH": "4"}
 
 
 def queue(quick: int, after: int) -> tuple[Item, list[Item]]:
-    """``quick`` short units, one slow (3 s) unit, ``after`` short units: in claim order."""
+    """``quick`` short units, one slow (8 s) unit, ``after`` short units: in claim order.
+
+    The slow unit must outlast the checks made while it runs, on a loaded machine too.
+    """
     first = [Item.objects.create() for _ in range(quick)]
-    slow = Item.objects.create(action="sleep:3")
+    slow = Item.objects.create(action="sleep:8")
     return slow, first + [Item.objects.create() for _ in range(after)]
 
 
@@ -54,10 +57,10 @@ def test_sigterm_gives_back_units_claimed_ahead_at_once(runworkers):
         # Given back while the slow handler still runs, not after it. (On SQLite the
         # running handler's transaction holds the only write lock until it commits.)
         wait_for(lambda: not waiting_ahead(slow), timeout=2, what="the units to be given back")
-        assert has_state(slow, State.WORKING)
     assert rw.wait(30) == 0, rw.output()
     assert "gave_back" in rw.output()
-    assert has_state(slow, State.FINISHED) and len(effects(slow)) == 1
+    # (Which unit the child held when the signal came is not certain: a batch claimed
+    # ahead may be dispatched out of pk order. Exactly-once is checked below for all.)
 
     given_back = Execution.objects.filter(worker="touch", state=State.PENDING)
     assert given_back.exists()
