@@ -93,9 +93,12 @@ def work(db: str, name: str) -> int:
         done += 1
 
 
-def drain(db: str, name: str, rows: int, processes: int = 2) -> dict[str, Any]:
-    """Load, then time ``processes`` raw workers until the table is drained."""
-    load(db, name, rows)
+def drain(db: str, name: str, rows: int, processes: int = 2, *,
+          fill: bool = True) -> dict[str, Any]:
+    """Load (unless done already), then time ``processes`` raw workers until the table
+    is drained."""
+    if fill:
+        load(db, name, rows)
     command = [sys.executable, __file__, "--db", db, "--name", name, "--work"]
     started = time.perf_counter()
     running = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True)

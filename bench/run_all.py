@@ -80,7 +80,7 @@ def summary(found: dict[str, Any]) -> str:
     for db, r in throughput.items():
         raw = r["raw"]["per_s"]
         rows.append([db, "raw SQL, 1 row per transaction, 2 processes (reference)",
-                     f"{raw:,} jobs/s", "", ""])
+                     f"{raw:,} jobs/s", f"{r['raw']['cpu_ms_per_job']} ms CPU/job", ""])
         for kind, label, target in (
             ("rows", "rows (transactional worker, no-op), --concurrency 2",
              ">= 2,000 rows/s" if db == "postgres" else ""),
@@ -89,7 +89,8 @@ def summary(found: dict[str, Any]) -> str:
         ):
             f = r[kind]
             rows.append([db, label, f"{f['per_s']:,}/s (net {f['net_per_s']:,}/s)",
-                         f"{f['vs_raw']:.0%} of raw SQL", target])
+                         f"{f['vs_raw']:.0%} of raw SQL; {f['cpu_ms_per_job']} ms CPU/job",
+                         target])
     for r in found["enqueue"]["results"]:
         rows.append([r["db"], f"enqueue_many of {r['tasks']:,} tasks",
                      f"{r['many_per_s']:,} tasks/s",

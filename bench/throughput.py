@@ -17,7 +17,10 @@ times, alternating the kinds within each run so a load spike hits them alike:
 Figures: ``per_s`` = rows / median wall time of the whole process (start-up included);
 ``net_per_s`` = rows / (wall time - the median wall time of a burst run with nothing to
 do), i.e. without Python/Django start-up and forking the children; ``vs_raw`` = per_s of
-runworkers / per_s of raw SQL measured in the same run. The load average is recorded.
+runworkers / per_s of raw SQL measured in the same run; ``cpu_ms_per_job`` = CPU time of
+our processes (runworkers and its children, start-up included; or the raw SQL workers) per
+job, which depends much less than wall time on what else runs on the machine. The load
+average is recorded.
 
 ``--profile`` runs one more drain of rows and of tasks under ``py-spy record
 --subprocesses --idle``: the summary (per process role, the functions holding most of the
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -115,6 +119,7 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
         kinds = args.kinds
         empty: dict[str, list[float]] = {k: [] for k in kinds if k != "raw"}
         walls: dict[str, list[float]] = {k: [] for k in kinds}
+        cpus: dict[str, list[float]] = {k: [] for k in kinds}
         loads = []
         for kind in empty:
             for _ in range(args.runs):
@@ -123,15 +128,21 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
         for run in range(args.runs):
             for kind in kinds[run % len(kinds):] + kinds[:run % len(kinds)]:
                 loads.append(round(os.getloadavg()[0], 2))
-                walls[kind].append(measure(kind, db, name, args, env))
+                wall, cpu = measure(kind, db, name, args, env)
+                walls[kind].append(wall)
+                cpus[kind].append(cpu)
                 print(f"{db}: run {run + 1}: {kind}: {args.rows} in {walls[kind][-1]:.2f}s "
                       f"({args.rows / walls[kind][-1]:.0f}/s, load {loads[-1]})",
                       file=sys.stderr, flush=True)
         result: dict[str, Any] = {"db": db, "jobs": args.rows, "loadavg_1m": loads}
         for kind in kinds:
             wall = statistics.median(walls[kind])
-            figures: dict[str, Any] = {"wall_s": [round(w, 3) for w in walls[kind]],
-                                       "per_s": round(args.rows / wall)}
+            figures: dict[str, Any] = {
+                "wall_s": [round(w, 3) for w in walls[kind]],
+                "per_s": round(args.rows / wall),
+                "cpu_s": [round(c, 2) for c in cpus[kind]],
+                "cpu_ms_per_job": round(1000 * statistics.median(cpus[kind]) / args.rows, 3),
+            }
             if kind in empty:
                 idle = statistics.median(empty[kind])
                 figures["empty_burst_wall_s"] = [round(w, 3) for w in empty[kind]]
@@ -153,13 +164,26 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure(kind: str, db: str, name: str, args: argparse.Namespace,
-            env: dict[str, str]) -> float:
+            env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds of one drain, and CPU seconds of its processes (ours, not the
+    database server's: the supervisor and its children, or the raw SQL workers)."""
     if kind == "raw":
-        return rawsql.drain(db, name, args.rows)["wall_s"]
+        rawsql.load(db, name, args.rows)
+        before = children_cpu()
+        wall = rawsql.drain(db, name, args.rows, fill=False)["wall_s"]
+        return wall, children_cpu() - before
     fill(kind, args.rows)
+    before = children_cpu()
     wall = drain(command(kind, args.concurrency), env)
+    cpu = children_cpu() - before
     check_drained(kind, args.rows)
-    return wall
+    return wall, cpu
+
+
+def children_cpu() -> float:
+    """CPU seconds of our finished child processes and their own (waited-for) children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def fill(kind: str, rows: int) -> None:
@@ -275,7 +299,7 @@ def _percent(counter: Counter[str], total: int, n: int) -> list[list[Any]]:
 
 def report(results: list[dict[str, Any]]) -> str:
     headers = ["db", "kind", "jobs", "runs: wall s", "empty burst s", "jobs/s (median)",
-               "net jobs/s", "vs raw SQL"]
+               "net jobs/s", "vs raw SQL", "CPU ms/job (ours)"]
     rows = []
     for r in results:
         for kind in KINDS:
@@ -286,7 +310,8 @@ def report(results: list[dict[str, Any]]) -> str:
             rows.append([r["db"], kind, r["jobs"], ", ".join(f"{w:.2f}" for w in f["wall_s"]),
                          f"{statistics.median(empty):.2f}" if empty else "",
                          f["per_s"], f.get("net_per_s", ""),
-                         f"{f['vs_raw']:.0%}" if "vs_raw" in f else ""])
+                         f"{f['vs_raw']:.0%}" if "vs_raw" in f else "",
+                         f.get("cpu_ms_per_job", "")])
     return benchlib.markdown_table(headers, rows)
 
 
