@@ -5,13 +5,16 @@ a time for comparison?
                                       [--loop 1000] [--runs 5]
 
 For each database (its own, created and removed here): ``--runs`` times, alternately,
-``noop.enqueue_many([((), {})] * --tasks)`` (one transaction, one multi-row INSERT) and a
-loop of ``--loop`` calls of ``noop.enqueue()`` (each its own transaction, as a web request
-would), on an emptied task table each time.
+``noop.enqueue_many([((), {})] * --tasks)`` (one transaction, one multi-row INSERT),
+``touch.enqueue_many([((i,), {"note": "n<i>"}) for i in range(--tasks)])`` (the same with
+arguments that differ per call, as most real calls) and a loop of ``--loop`` calls of
+``noop.enqueue()`` (each its own transaction, as a web request would), on an emptied task
+table each time.
 
-Figures: ``many_per_s`` = tasks / median seconds of ``enqueue_many``; ``loop_per_s`` =
-loop calls / median seconds of the loop; ``ratio`` = seconds per task in the loop / seconds
-per task in ``enqueue_many``. Targets: ``many_per_s`` >= 50,000 on PostgreSQL, ratio >= 20.
+Figures: ``many_per_s`` = tasks / median seconds of ``enqueue_many`` without arguments,
+``many_args_per_s`` the same with arguments; ``loop_per_s`` = loop calls / median seconds
+of the loop; ``ratio`` = seconds per task in the loop / seconds per task in
+``enqueue_many``. Targets: ``many_per_s`` >= 50,000 on PostgreSQL, ratio >= 20.
 
 Writes bench/results/enqueue.json and prints a Markdown table.
 """
@@ -30,6 +33,7 @@ from typing import Any
 import benchlib
 
 TASK = "benchapp.tasks.noop"
+TASK_WITH_ARGS = "benchapp.tasks.touch"
 
 
 def main() -> None:
@@ -66,8 +70,10 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
         from django.utils.module_loading import import_string
 
         task = import_string(TASK)
+        touch = import_string(TASK_WITH_ARGS)
         calls = [((), {})] * args.tasks
-        many, loop, loads = [], [], []
+        with_args = [((i,), {"note": f"n{i}"}) for i in range(args.tasks)]
+        many, many_args, loop, loads = [], [], [], []
         benchlib.load_tasks(TASK, 0)
         task.enqueue_many(calls[:100])  # warm up: imports, connection, compiled statements
         for _ in range(args.runs):
@@ -78,10 +84,15 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
             many.append(time.perf_counter() - started)
             benchlib.load_tasks(TASK, 0)
             started = time.perf_counter()
+            touch.enqueue_many(with_args)
+            many_args.append(time.perf_counter() - started)
+            benchlib.load_tasks(TASK, 0)
+            started = time.perf_counter()
             for _ in range(args.loop):
                 task.enqueue()
             loop.append(time.perf_counter() - started)
-            print(f"{db}: enqueue_many {args.tasks / many[-1]:.0f}/s, "
+            print(f"{db}: enqueue_many {args.tasks / many[-1]:.0f}/s "
+                  f"({args.tasks / many_args[-1]:.0f}/s with arguments), "
                   f"enqueue() {args.loop / loop[-1]:.0f}/s (load {loads[-1]})",
                   file=sys.stderr, flush=True)
         per_many = statistics.median(many) / args.tasks
@@ -89,16 +100,18 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
         return {
             "db": db, "tasks": args.tasks, "loop": args.loop, "loadavg_1m": loads,
             "many_s": [round(s, 4) for s in many], "loop_s": [round(s, 4) for s in loop],
+            "many_args_s": [round(s, 4) for s in many_args],
             "many_per_s": round(1 / per_many), "loop_per_s": round(1 / per_loop),
+            "many_args_per_s": round(args.tasks / statistics.median(many_args)),
             "ratio": round(per_loop / per_many, 1),
         }
 
 
 def report(results: list[dict[str, Any]]) -> str:
     headers = ["db", "enqueue_many tasks", "enqueue_many tasks/s (median)",
-               "enqueue() calls", "enqueue() tasks/s", "per-task ratio"]
-    rows = [[r["db"], r["tasks"], r["many_per_s"], r["loop"], r["loop_per_s"],
-             f"{r['ratio']}x"] for r in results]
+               "with arguments", "enqueue() calls", "enqueue() tasks/s", "per-task ratio"]
+    rows = [[r["db"], r["tasks"], r["many_per_s"], r.get("many_args_per_s", ""), r["loop"],
+             r["loop_per_s"], f"{r['ratio']}x"] for r in results]
     return benchlib.markdown_table(headers, rows)
 
 

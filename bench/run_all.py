@@ -93,7 +93,7 @@ def summary(found: dict[str, Any]) -> str:
                          target])
     for r in found["enqueue"]["results"]:
         rows.append([r["db"], f"enqueue_many of {r['tasks']:,} tasks",
-                     f"{r['many_per_s']:,} tasks/s",
+                     f"{r['many_per_s']:,} tasks/s ({r['many_args_per_s']:,}/s with arguments)",
                      f"{r['ratio']}x per task vs enqueue() ({r['loop_per_s']:,}/s)",
                      ">= 50,000/s, >= 20x" if r["db"] == "postgres" else ""])
     for r in found["latency"]["results"]:

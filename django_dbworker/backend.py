@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,7 +20,6 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.inspect import get_func_args, is_module_level_function
-from django.utils.json import normalize_json
 
 from . import conf, task_registry
 from .exceptions import InvalidTaskArguments
@@ -30,8 +28,6 @@ RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smhd])\s*$")
 RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 type Callback = Callable[..., Any] | str | None
-#: Task arguments as stored: JSON without NaN or infinities.
-_JSON = json.JSONEncoder(allow_nan=False)
 
 
 def parse_rate(rate: str) -> tuple[float, float]:
@@ -167,6 +163,7 @@ class DBWorkerBackend(BaseTaskBackend):
         self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
     ) -> list[TaskResult]:
         from .claims import newtasks, taskstore
+        from .results import new_results
 
         self.validate_task(task)
         calls = list(calls)
@@ -176,27 +173,37 @@ class DBWorkerBackend(BaseTaskBackend):
                 f"Task {task.name!r}: idempotency_key={key!r} was given for {len(calls)} "
                 "calls; a key identifies one call."
             )
+        if not calls:
+            return []
         shared = newtasks.Shared.of(task)
         ids = newtasks.ids(shared, len(calls))
-        rows = [newtasks.new(shared, *_json_call(task, i, call), task_id=ids[i])
-                for i, call in enumerate(calls)]
+        try:
+            rows = newtasks.build(shared, ids, calls)
+        except (TypeError, ValueError):
+            for i, call in enumerate(calls):
+                _plain_call(task, i, call)  # raises, naming the call
+            raise
+        payload = _encode(task, rows)
         using = conf.get().DATABASE
         on_commit = getattr(task, "enqueue_on_commit", None)
         if on_commit is None:
             on_commit = self.enqueue_on_commit
         if on_commit:
             def insert() -> None:
-                stored = taskstore.insert(rows, idempotency_key=key)
+                stored = taskstore.insert(rows, idempotency_key=key, payload=payload)
                 for row in stored:
                     task_enqueued.send(type(self), task_result=self.result(row, task))
 
             transaction.on_commit(insert, using=using)
-            return [self.result(row, task) for row in rows]
-        stored = taskstore.insert(rows, idempotency_key=key)
-        results = [self.result(row, task) for row in stored]
-        new_ids = {row.pk for row in rows}
-        for row, result in zip(stored, results, strict=True):
-            if row.pk in new_ids:
+            return new_results(rows, self.alias, task)
+        stored = taskstore.insert(rows, idempotency_key=key, payload=payload)
+        if key is not None:  # the row holding the key: ours, or one enqueued before
+            results = [self.result(row, task) for row in stored]
+            fresh = str(stored[0].pk) == rows[0].pk
+        else:
+            results, fresh = new_results(rows, self.alias, task), True
+        if fresh:
+            for result in results:
                 task_enqueued.send(type(self), task_result=result)
         return results
 
@@ -225,8 +232,10 @@ class DBWorkerBackend(BaseTaskBackend):
             )
 
 
-def _json_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str, Any], str, str]:
-    """The call's arguments JSON-ready, and as JSON text."""
+def _plain_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The call's arguments JSON-ready (``normalize_json``), or an error naming the call."""
+    from .claims.newtasks import plain
+
     try:
         args, kwargs = call
     except (TypeError, ValueError):
@@ -234,14 +243,28 @@ def _json_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str, 
             f"Task {task.name!r}: call {index} is {call!r}; give (args, kwargs) pairs."
         ) from None
     try:
-        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
-        texts = _JSON.encode(args), _JSON.encode(kwargs)
+        return (plain(args if type(args) in (list, tuple) else list(args)),
+                plain(kwargs if type(kwargs) is dict else dict(kwargs)))
     except (TypeError, ValueError) as exc:
-        raise InvalidTaskArguments(
-            f"Task {task.name!r}: the arguments of call {index} cannot be stored as JSON "
-            f"({exc}); pass ids and plain values instead of objects."
-        ) from None
-    return args, kwargs, *texts
+        raise _not_json(task, index, exc) from None
+
+
+def _encode(task: Task, rows: list[Any]) -> str:
+    """The rows as one JSON text (``newtasks.encode``), or the error naming the bad call."""
+    from .claims import newtasks
+
+    try:
+        return newtasks.encode(rows)
+    except (TypeError, ValueError):
+        index, exc = newtasks.first_bad(rows) or (0, ValueError("not JSON"))
+        raise _not_json(task, index, exc) from None
+
+
+def _not_json(task: Task, index: int, exc: Exception) -> InvalidTaskArguments:
+    return InvalidTaskArguments(
+        f"Task {task.name!r}: the arguments of call {index} cannot be stored as JSON "
+        f"({exc}); pass ids and plain values instead of objects."
+    )
 
 
 def _validate_options(where: str, task: DBWorkerTask) -> None:

@@ -172,7 +172,9 @@ class TaskRecord(models.Model):
     return_value = models.JSONField(null=True, blank=True)
     progress = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=255, blank=True, default="")
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    #: Unique where set (``dbworker_task_idempotency_key``, a partial index: most rows
+    #: have none and cost it nothing).
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL: no key; "" would be one)
     #: The cron schedule that enqueued it, if any.
     schedule = models.CharField(max_length=100, blank=True, default="")
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
@@ -184,6 +186,12 @@ class TaskRecord(models.Model):
 
     class Meta:
         verbose_name = "task"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_key"], name="dbworker_task_idempotency_key",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+        ]
         indexes = [
             models.Index(
                 "queue_name", models.F("priority").desc(), "available_at",

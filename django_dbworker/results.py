@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from django.tasks import Task, TaskResult, TaskResultStatus
@@ -77,3 +77,38 @@ def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorker
     )
     object.__setattr__(result, "_return_value", row.return_value)
     return result
+
+
+#: What ``new_results`` copies from the first result to the others as it is.
+_SHARED_SLOTS = tuple(
+    f.name for f in fields(DBWorkerTaskResult)
+    if f.name not in ("id", "args", "kwargs", "errors", "worker_ids")
+)
+
+
+def _setter(name: str) -> Any:
+    """The slot's own setter: what ``object.__setattr__`` ends in, without the lookup."""
+    return getattr(DBWorkerTaskResult, name).__set__
+
+
+def new_results(rows: list[Any], alias: str, task: Task) -> list[DBWorkerTaskResult]:
+    """Results for the new rows of one enqueue call (``newtasks.NewTask``, arguments already
+    normalised): the first built by ``to_result``, the others copies of it with their own
+    id, arguments and empty lists, as building each costs more than storing it."""
+    first = to_result(rows[0], alias, task)
+    shared = [(_setter(name), getattr(first, name)) for name in _SHARED_SLOTS]
+    set_id, set_args, set_kwargs, set_errors, set_workers = map(
+        _setter, ("id", "args", "kwargs", "errors", "worker_ids"))
+    new = object.__new__
+    results = [first]
+    for row in rows[1:]:
+        result = new(DBWorkerTaskResult)
+        for put, value in shared:
+            put(result, value)
+        set_id(result, row.id)
+        set_args(result, row.args)
+        set_kwargs(result, row.kwargs)
+        set_errors(result, [])
+        set_workers(result, [])
+        results.append(result)
+    return results

@@ -8,12 +8,14 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.tasks import default_task_backend
 from django.tasks.signals import task_finished
 from django.utils import timezone
 
 from django_dbworker import compiled, sources
 from django_dbworker.claims import store, taskstore
 from django_dbworker.db import TransactionCheck
+from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
 from django_dbworker.registry import workers
 from django_dbworker.supervisor.prefetch import Prefetch
@@ -212,6 +214,105 @@ def test_enqueue_many_of_thousands_in_one_statement(django_assert_max_num_querie
         results = tasks.add.enqueue_many([([i, i], {}) for i in range(2000)])
     assert TaskRecord.objects.count() == 2000
     assert TaskRecord.objects.get(pk=results[1234].id).args == [1234, 1234]
+
+
+def test_plain_normalises_like_django():
+    from collections import OrderedDict, UserList
+
+    from django.utils.json import normalize_json
+
+    from django_dbworker.claims.newtasks import plain
+
+    values = [
+        1, 1.5, True, None, "x", (1, (2, 3)), [1, [2, {"a": (3,)}]], {"k": [1, 2]},
+        {1: "int key"}, OrderedDict(b=1), UserList([1, 2]), b"bytes", [b"in", {"x": b"y"}],
+        {"nested": {"deep": [(), {}]}},
+    ]
+    for value in values:
+        assert plain(value) == normalize_json(value), value
+        assert type(plain(value)) is type(normalize_json(value)), value
+    for bad in (object(), [1, object()], {"a": {1, 2}}, b"\xff"):
+        with pytest.raises((TypeError, ValueError)):
+            normalize_json(bad)
+        with pytest.raises((TypeError, ValueError)):
+            plain(bad)
+
+
+def test_new_ids_are_distinct_version_4_uuids():
+    from django_dbworker.claims import newtasks
+
+    shared = newtasks.Shared.of(tasks.add)
+    ids = newtasks.ids(shared, 5000)
+    parsed = [uuid.UUID(i) for i in ids]
+    assert [str(u) for u in parsed] == ids, "canonical text"
+    assert all(u.version == 4 and u.variant == uuid.RFC_4122 for u in parsed)
+    assert len(set(ids)) == 5000
+    keyed = newtasks.Shared.of(tasks.add.using(idempotency_key="k"))
+    assert newtasks.ids(keyed, 2) == [str(uuid.uuid5(newtasks.KEY_NAMESPACE, "k"))] * 2
+
+
+def test_enqueue_many_results_are_separate_objects_like_get_result():
+    from django_dbworker.results import DBWorkerTaskResult
+
+    results = tasks.add.enqueue_many([((i,), {"b": i}) for i in range(3)] + [((), {})])
+    assert all(type(r) is DBWorkerTaskResult for r in results)
+    assert [r.args for r in results] == [[0], [1], [2], []]
+    assert [r.kwargs for r in results] == [{"b": 0}, {"b": 1}, {"b": 2}, {}]
+    fetched = [default_task_backend.get_result(r.id) for r in results]
+    for made, got in zip(results, fetched, strict=True):
+        for name in ("id", "status", "args", "kwargs", "backend", "errors", "worker_ids",
+                     "enqueued_at", "started_at", "finished_at", "dbworker_status",
+                     "progress", "progress_message", "idempotency_key"):
+            assert getattr(made, name) == getattr(got, name), name
+        assert made.task.name == got.task.name
+    results[0].errors.append("mine")
+    results[0].worker_ids.append("mine")
+    assert results[1].errors == [] and results[1].worker_ids == [], "no list is shared"
+    run_until_idle()
+    results[2].refresh()
+    results[3].refresh()
+    assert results[2].return_value == 4 and results[3].status == "FAILED"
+
+
+def test_enqueue_many_names_the_call_that_is_not_json_and_stores_nothing():
+    calls = [((1, 1), {}), ((2, 2), {"x": float("nan")}), ((3, 3), {}), ((4, float("inf")), {})]
+    with pytest.raises(InvalidTaskArguments, match=r"call 1 cannot be stored as JSON.*not JSON compliant: nan"):
+        tasks.add.enqueue_many(calls)
+    with pytest.raises(InvalidTaskArguments, match=r"call 2 cannot be stored as JSON"):
+        tasks.add.enqueue_many([((1, 1), {}), ((2, 2), {}), ((object(), 1), {})])
+    with pytest.raises(InvalidTaskArguments, match=r"call 1 is 7; give \(args, kwargs\)"):
+        tasks.add.enqueue_many([((1, 1), {}), 7])
+    with pytest.raises(InvalidTaskArguments, match=r"call 0.*cannot be stored as JSON"):
+        tasks.add.enqueue_many([(1, {})])  # args that are not a sequence
+    assert not TaskRecord.objects.exists()
+    assert tasks.add.enqueue_many([]) == []
+
+
+def test_idempotency_keys_are_unique_only_where_set():
+    from django.db import IntegrityError, transaction
+
+    tasks.add.enqueue_many([((i, i), {}) for i in range(3)])
+    first = tasks.add.using(idempotency_key="once").enqueue(1, 1)
+    again = tasks.add.using(idempotency_key="once").enqueue(2, 2)
+    assert again.id == first.id and again.args == [1, 1]
+    assert TaskRecord.objects.filter(idempotency_key__isnull=True).count() == 3
+    row = TaskRecord.objects.get(pk=first.id)
+    row.pk = uuid.uuid4()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        row.save(force_insert=True)
+
+
+def test_postgres_tables_carry_the_storage_parameters_of_the_migration(vendor):
+    if vendor != "postgresql":
+        pytest.skip("storage parameters are PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname = ANY(%s)",
+                       [["django_dbworker_execution", "django_dbworker_taskrecord"]])
+        found = dict(cursor.fetchall())
+    assert set(found) == {"django_dbworker_execution", "django_dbworker_taskrecord"}
+    for options in found.values():
+        assert "fillfactor=90" in options
+        assert "autovacuum_vacuum_scale_factor=0.01" in options
 
 
 def test_finished_signal_carries_the_progress_recorded_while_running():

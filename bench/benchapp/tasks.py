@@ -11,6 +11,11 @@ def noop():
 
 
 @task
+def touch(item_id, *, note=""):
+    """The enqueue benchmark's task with arguments: one id and a keyword, as most tasks."""
+
+
+@task
 def stamp():
     """The latency task: its return value is time.time() when it started."""
     return time.time()

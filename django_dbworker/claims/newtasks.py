@@ -2,10 +2,14 @@
 
 ``enqueue_many`` of thousands of calls is bound by what Python does per row, so a new row
 is not a model instance: it is a ``NewTask`` (the attributes ``results.to_result`` reads),
-and the rows of one call share everything but their id and arguments. They are stored
-with one statement that names every column of ``TaskRecord``: on PostgreSQL one
-``INSERT ... SELECT ... FROM unnest(ids, args, kwargs)``, elsewhere one ``executemany``.
-A keyed call (one row) goes through ``bulk_create(ignore_conflicts=True)``.
+and the rows of one call share everything but their id and arguments. Per row there is
+only what cannot be shared: an id (a string, cut from one read of random bytes), the
+arguments normalised by ``plain`` (``normalize_json`` with a fast path for builtin
+containers) and, on PostgreSQL, a place in one JSON text of ``[id, args, kwargs]`` triples
+encoded by one C call (``encode``). They are stored with one statement that names every
+column of ``TaskRecord``: on PostgreSQL one ``INSERT ... SELECT ... FROM
+jsonb_array_elements(payload)``, elsewhere one ``executemany``. A keyed call (one row) goes
+through ``bulk_create(ignore_conflicts=True)``.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
 from django.tasks import Task
 from django.utils import timezone
+from django.utils.json import normalize_json
 
 from ..models import TaskRecord, TaskStatus
 
@@ -27,6 +32,8 @@ from ..models import TaskRecord, TaskStatus
 PER_ROW = ("id", "args", "kwargs")
 #: A keyed task's id is uuid5(KEY_NAMESPACE, key).
 KEY_NAMESPACE = uuid.UUID("5d1c2f7e-3b0a-4c7e-9a51-6f0d8b9e2c41")
+#: Task arguments as stored: JSON without NaN or infinities.
+_JSON = json.JSONEncoder(allow_nan=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,59 +61,64 @@ class Shared:
                    getattr(task, "_schedule", ""))
 
 
-@dataclass(slots=True)
+#: What a new row holds in the columns that nobody sets at enqueue.
+FRESH: dict[str, Any] = {
+    "status": TaskStatus.READY, "started_at": None, "last_attempted_at": None,
+    "finished_at": None, "errors": (), "worker_ids": (), "return_value": None,
+    "progress": None, "progress_message": "",
+}
+
+
 class NewTask:
-    """A task row about to be stored; reads like a ``TaskRecord`` fresh from the database."""
+    """A task row about to be stored; reads like a ``TaskRecord`` fresh from the database.
 
-    id: uuid.UUID
-    args: list[Any]
-    kwargs: dict[str, Any]
-    #: ``args`` and ``kwargs`` as the JSON text stored.
-    args_json: str
-    kwargs_json: str
-    shared: Shared
-    status: str = TaskStatus.READY
-    started_at: datetime | None = None
-    last_attempted_at: datetime | None = None
-    finished_at: datetime | None = None
-    errors: list[Any] = field(default_factory=list)
-    worker_ids: list[str] = field(default_factory=list)
-    return_value: Any = None
-    progress: float | None = None
-    progress_message: str = ""
+    Only the id and the arguments are its own; the rest is ``FRESH`` or the ``Shared``
+    values of its enqueue call.
+    """
 
-    def __getattr__(self, name: str) -> Any:  # task_path, queue_name, ...: the shared values
-        return getattr(self.shared, name)
+    __slots__ = ("args", "id", "kwargs", "shared")
+
+    def __init__(self, id: str, args: list[Any], kwargs: dict[str, Any],
+                 shared: Shared) -> None:
+        #: The canonical text of a UUID (``str(uuid)``).
+        self.id = id
+        self.args = args
+        self.kwargs = kwargs
+        self.shared = shared
+
+    def __getattr__(self, name: str) -> Any:  # status, task_path, queue_name, ...
+        try:
+            return FRESH[name]
+        except KeyError:
+            return getattr(self.shared, name)
 
     @property
-    def pk(self) -> uuid.UUID:
+    def pk(self) -> str:
         return self.id
 
     def record(self) -> TaskRecord:
         s = self.shared
         return TaskRecord(
-            id=self.id, task_path=s.task_path, backend=s.backend, queue_name=s.queue_name,
-            priority=s.priority, args=self.args, kwargs=self.kwargs, status=self.status,
-            run_after=s.run_after, available_at=s.available_at, enqueued_at=s.enqueued_at,
-            idempotency_key=s.idempotency_key, schedule=s.schedule,
+            id=uuid.UUID(self.id), task_path=s.task_path, backend=s.backend,
+            queue_name=s.queue_name, priority=s.priority, args=self.args, kwargs=self.kwargs,
+            status=TaskStatus.READY, run_after=s.run_after, available_at=s.available_at,
+            enqueued_at=s.enqueued_at, idempotency_key=s.idempotency_key, schedule=s.schedule,
         )
 
 
-def new(shared: Shared, args: list[Any], kwargs: dict[str, Any], args_json: str | None = None,
-        kwargs_json: str | None = None, *, task_id: uuid.UUID | None = None) -> NewTask:
-    """A new row; ``args`` and ``kwargs`` JSON-ready (``normalize_json``), with their JSON
-    text if the caller has it; ``task_id`` from ``ids()`` (default: a fresh one)."""
-    if task_id is None:
-        (task_id,) = ids(shared, 1)
-    return NewTask(
-        task_id, args, kwargs,
-        json.dumps(args, allow_nan=False) if args_json is None else args_json,
-        json.dumps(kwargs, allow_nan=False) if kwargs_json is None else kwargs_json,
-        shared,
-    )
+def build(shared: Shared, ids: list[str], calls: list[Any]) -> list[NewTask]:
+    """A row per ``(args, kwargs)`` call, its arguments normalised by ``plain``.
+
+    Raises ``TypeError`` or ``ValueError`` for a call that is not a pair or whose arguments
+    are not JSON values; the caller finds which with a slower look at each call.
+    """
+    seq = (list, tuple)
+    return [NewTask(ids[i], plain(args if type(args) in seq else list(args)),
+                    plain(kwargs if type(kwargs) is dict else dict(kwargs)), shared)
+            for i, (args, kwargs) in enumerate(calls)]
 
 
-def ids(shared: Shared, count: int) -> list[uuid.UUID]:
+def ids(shared: Shared, count: int) -> list[str]:
     """Ids for ``count`` new rows: random (version 4), read from the OS in one call.
 
     A keyed task's id follows from its key, so a result handed out before the row is
@@ -114,13 +126,55 @@ def ids(shared: Shared, count: int) -> list[uuid.UUID]:
     """
     key = shared.idempotency_key
     if key:
-        return [uuid.uuid5(KEY_NAMESPACE, key)] * count
-    random = os.urandom(16 * count)
-    return [uuid.UUID(bytes=random[i:i + 16], version=4) for i in range(0, 16 * count, 16)]
+        return [str(uuid.uuid5(KEY_NAMESPACE, key))] * count
+    raw = bytearray(os.urandom(16 * count))
+    # RFC 4122 version 4: the version nibble in byte 6, the variant bits in byte 8.
+    raw[6::16] = bytes(b & 0x0F | 0x40 for b in raw[6::16])
+    raw[8::16] = bytes(b & 0x3F | 0x80 for b in raw[8::16])
+    h = raw.hex()
+    return [f"{h[i:i + 8]}-{h[i + 8:i + 12]}-{h[i + 12:i + 16]}-{h[i + 16:i + 20]}-"
+            f"{h[i + 20:i + 32]}" for i in range(0, 32 * count, 32)]
 
 
-def insert(rows: list[NewTask], using: str) -> None:
-    """Store ``rows`` (all of one ``Shared``) in one statement; the caller's transaction."""
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def plain(value: Any) -> Any:
+    """``normalize_json(value)``, without its per-value ``match`` for what is already plain:
+    builtin scalars, lists, tuples and dicts with string keys; anything else (other
+    mappings and sequences, bytes, dicts with other keys) goes to ``normalize_json``."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list or kind is tuple:
+        return [v if type(v) in _SCALARS else plain(v) for v in value]
+    if kind is dict and all(type(k) is str for k in value):
+        return {k: v if type(v) in _SCALARS else plain(v) for k, v in value.items()}
+    return normalize_json(value)
+
+
+def encode(rows: list[NewTask]) -> str:
+    """The rows as one JSON array of ``[id, args, kwargs]``: one C call for all of them.
+
+    Raises ``ValueError`` (NaN or an infinity: not JSON) or ``TypeError``; ``first_bad``
+    then says which row.
+    """
+    return _JSON.encode([[r.id, r.args, r.kwargs] for r in rows])
+
+
+def first_bad(rows: list[NewTask]) -> tuple[int, Exception] | None:
+    """The index of the first row whose arguments are not JSON, with the error."""
+    for i, r in enumerate(rows):
+        try:
+            _JSON.encode([r.args, r.kwargs])
+        except (TypeError, ValueError) as exc:
+            return i, exc
+    return None
+
+
+def insert(rows: list[NewTask], using: str, payload: str | None = None) -> None:
+    """Store ``rows`` (all of one ``Shared``) in one statement; the caller's transaction.
+    ``payload``: ``encode(rows)`` if the caller has it."""
     if not rows:
         return
     connection = connections[using]
@@ -138,21 +192,22 @@ def insert(rows: list[NewTask], using: str) -> None:
         select = ", ".join(per_row[f.name] if f.name in PER_ROW
                            else f"%s::{f.db_type(connection)}" for f in columns)
         params = [shared[f.name] for f in columns if f.name not in PER_ROW]
-        params.append("[" + ",".join(f'["{r.id}",{r.args_json},{r.kwargs_json}]'
-                                     for r in rows) + "]")
+        params.append(encode(rows) if payload is None else payload)
         with connection.cursor() as cursor:
             cursor.execute(f"{head} SELECT {select} FROM jsonb_array_elements(%s::jsonb) e",
                            params)
         return
-    pk = TaskRecord._meta.pk
     template = [shared.get(f.name) for f in columns]
     slots = [i for i, f in enumerate(columns) if f.name in PER_ROW]
     assert [columns[i].name for i in slots] == list(PER_ROW)
+    native = connection.features.has_native_uuid_field
+    encoder = _JSON.encode
 
     def values(row: NewTask) -> list[Any]:
         params = template.copy()
-        params[slots[0]] = pk.get_db_prep_save(row.id, connection)
-        params[slots[1]], params[slots[2]] = row.args_json, row.kwargs_json
+        # UUIDField keeps 32 hex digits where the database has no uuid type
+        params[slots[0]] = row.id if native else row.id.replace("-", "")
+        params[slots[1]], params[slots[2]] = encoder(row.args), encoder(row.kwargs)
         return params
 
     with connection.cursor() as cursor:

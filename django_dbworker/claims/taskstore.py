@@ -77,13 +77,14 @@ def _prep(name: str, value: Any, using: str) -> Any:
 # ----- enqueue ------------------------------------------------------------------------
 
 
-def insert(rows: list[newtasks.NewTask], *,
-           idempotency_key: str | None) -> list[newtasks.NewTask | TaskRecord]:
-    """Store new task rows in one statement; with a key, return the row holding it."""
+def insert(rows: list[newtasks.NewTask], *, idempotency_key: str | None,
+           payload: str | None = None) -> list[newtasks.NewTask | TaskRecord]:
+    """Store new task rows in one statement; with a key, return the row holding it.
+    ``payload``: ``newtasks.encode(rows)`` if the caller has it."""
     using = _alias()
     if idempotency_key is None:
         with transaction.atomic(using=using):
-            newtasks.insert(rows, using)
+            newtasks.insert(rows, using, payload)
             notify.announce(using, "task")
         return list(rows)
     manager = TaskRecord.objects.using(using)
