@@ -121,8 +121,50 @@ def _prep(model: type[models.Model], value: Any, using: str) -> Any:
     return field.get_db_prep_value(field.to_python(value), connections[using], prepared=False)
 
 
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Every column of a model as a statement's ``RETURNING`` list, and how to turn the rows
+    it returns into instances as the query iterator would (its field converters)."""
+
+    sql: str
+    names: list[str]  # attribute names, for Model.from_db
+    compiler: Any
+    converters: dict[int, Any]
+
+    def values(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """``rows`` as Python values (JSON parsed, UUIDs and datetimes typed)."""
+        if self.converters:
+            return [tuple(r) for r in self.compiler.apply_converters(rows, self.converters)]
+        return rows
+
+    def instance(self, model: type[models.Model], using: str,
+                 values: tuple[Any, ...]) -> models.Model:
+        return model.from_db(using, self.names, values)
+
+
+_columns: dict[Hashable, Columns] = {}
+
+
+def columns(model: type[models.Model], using: str) -> Columns:
+    """The ``Columns`` of ``model`` on ``using``, compiled once per process."""
+    key = (using, connections[using].vendor, model)
+    if key not in _columns:
+        compiler = model._base_manager.db_manager(using).all().query.get_compiler(using)
+        compiler.setup_query()
+        select = [column[0] for column in compiler.select]
+        quote = connections[using].ops.quote_name
+        _columns[key] = Columns(
+            sql=", ".join(quote(expression.target.column) for expression in select),
+            names=[expression.target.attname for expression in select],
+            compiler=compiler,
+            converters=compiler.get_converters(select),
+        )
+    return _columns[key]
+
+
 def forget(**kwargs: Any) -> None:
     _readers.clear()
+    _columns.clear()
 
 
 setting_changed.connect(forget, dispatch_uid="dbworker-source-readers")

@@ -34,7 +34,7 @@ SUCCESSFUL, RETRYING, FAILED, LOST = "successful", "retrying", "failed", "lease_
 
 def run_task(c: TaskClaim) -> Result:
     started = time.monotonic()
-    row = taskstore.get(c.task_id)
+    row = c.row(conf.get().DATABASE)
     if row is None or row.token != c.token:
         return _result(c, LOST, started, "the task row is gone or was taken over")
     try:

@@ -216,6 +216,21 @@ def test_enqueue_many_of_thousands_in_one_statement(django_assert_max_num_querie
     assert TaskRecord.objects.get(pk=results[1234].id).args == [1234, 1234]
 
 
+def test_task_claims_bring_the_row_as_get_reads_it():
+    from django_dbworker.claims.store import Claimant
+
+    tasks.add.using(priority=3).enqueue_many([((i,), {"b": [i, {"x": None}]}) for i in range(3)])
+    claims = taskstore.claim(None, 3, Claimant(), 30)
+    assert len(claims) == 3
+    fields = [f.attname for f in TaskRecord._meta.concrete_fields]
+    for c in claims:
+        carried, stored = c.row(connection.alias), taskstore.get(c.task_id)
+        assert {f: getattr(carried, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+        assert carried.status == TaskStatus.RUNNING and carried.token == c.token
+        assert carried.attempts == c.attempt == 1 and len(carried.worker_ids) == 1
+        assert not carried._state.adding and carried._state.db == connection.alias
+
+
 def test_plain_normalises_like_django():
     from collections import OrderedDict, UserList
 

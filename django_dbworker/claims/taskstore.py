@@ -56,6 +56,15 @@ class TaskClaim:
     attempt: int
     lease_expires_at: datetime
     claimed_at: datetime
+    #: The task row as the claim left it (``sources.columns`` order), so that the child
+    #: that runs it need not read it again; empty: read it.
+    values: tuple[Any, ...] = ()
+
+    def row(self, using: str) -> TaskRecord | None:
+        """The task row as claimed, or as stored now when the claim did not bring it."""
+        if self.values:
+            return sources.columns(TaskRecord, using).instance(TaskRecord, using, self.values)
+        return get(self.task_id)
 
     @property
     def unit_id(self) -> str:
@@ -156,6 +165,8 @@ def claim(
     key = ("task", tuple(queues) if queues is not None else None, limit, only_path, exclude)
     inner_sql, inner_params = compiled.sql_with_now(key, None, build, now, using)
     table = connection.ops.quote_name(TaskRecord._meta.db_table)
+    # the whole row comes back: the child runs the task from it without reading it again
+    returned = sources.columns(TaskRecord, using)
     if connection.vendor == "postgresql":
         append = "worker_ids || jsonb_build_array(%s::text)"
     else:
@@ -165,7 +176,7 @@ def claim(
         "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
         "started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
         f"lease_expires_at = %s, worker_ids = {append} "
-        f"WHERE id IN ({inner_sql}) RETURNING id, task_path, attempts"
+        f"WHERE id IN ({inner_sql}) RETURNING {returned.sql}"
     )
     stamp = _prep("last_attempted_at", now, using)
     params = [
@@ -182,11 +193,10 @@ def claim(
     ]
     with one_statement(using), connection.cursor() as cursor:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    pk = TaskRecord._meta.pk
-    return [
-        TaskClaim(pk.to_python(row[0]), row[1], token, row[2], expires, now) for row in rows
-    ]
+        rows = returned.values(cursor.fetchall())
+    at = [returned.names.index(name) for name in ("id", "task_path", "attempts")]
+    return [TaskClaim(row[at[0]], row[at[1]], token, row[at[2]], expires, now, row)
+            for row in rows]
 
 
 # ----- completion ---------------------------------------------------------------------
