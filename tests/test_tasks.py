@@ -179,6 +179,45 @@ def test_claim_order_is_priority_then_age():
     assert got == [high.id, first.id, second.id]
 
 
+def test_a_batch_comes_back_in_claim_order():
+    from django_dbworker.claims import taskstore
+    from django_dbworker.claims.store import Claimant
+
+    made = [tasks.add.using(priority=p).enqueue(p, 0) for p in (0, 5, -3, 5, 90, 1)]
+    by_priority = sorted(made, key=lambda r: -r.task.priority)  # stable: age among equals
+    claims = taskstore.claim(["default"], 6, Claimant(), 30)
+    assert [str(c.task_id) for c in claims] == [r.id for r in by_priority]
+
+
+def test_rate_limited_tasks_of_high_priority_are_not_starved_by_unlimited_ones():
+    from django_dbworker.claims import taskstore
+    from django_dbworker.claims.store import Claimant
+    from django_dbworker.models import RateBucket
+
+    tasks.add.enqueue_many([((i, i), {}) for i in range(10)])  # priority 0, unlimited
+    urgent = tasks.limited.using(priority=50).enqueue_many([((i,), {}) for i in range(3)])
+    late = tasks.limited.using(priority=-50).enqueue(99)
+    limits = {tasks.limited.module_path: "2/s"}
+
+    def claim(room: int) -> list:
+        return taskstore.claim_limited(["default"], room, Claimant(), 30, limits=limits,
+                                       global_limit=None)
+
+    first = claim(4)
+    assert [str(c.task_id) for c in first[:2]] == [r.id for r in urgent[:2]], \
+        "the limited tasks of higher priority come first, as many as their rate allows"
+    assert [c.task_path for c in first[2:]] == [tasks.add.module_path] * 2
+    bucket = RateBucket.objects.get(key=f"task:{tasks.limited.module_path}")
+    assert bucket.tokens < 1, "the bucket paid for the two it started"
+    waiting = TaskRecord.objects.filter(status=TaskStatus.READY)
+    assert waiting.count() == 14 - 4, "what was claimed but not kept went back"
+    assert TaskRecord.objects.get(pk=urgent[2].id).attempts == 0
+    assert TaskRecord.objects.get(pk=late.id).worker_ids == []
+    second = claim(10)
+    assert tasks.limited.module_path not in {c.task_path for c in second}, "rate spent"
+    assert len(second) == 8
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

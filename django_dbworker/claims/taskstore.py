@@ -195,8 +195,15 @@ def claim(
         cursor.execute(sql, params)
         rows = returned.values(cursor.fetchall())
     at = [returned.names.index(name) for name in ("id", "task_path", "attempts")]
-    return [TaskClaim(row[at[0]], row[at[1]], token, row[at[2]], expires, now, row)
-            for row in rows]
+    claims = [TaskClaim(row[at[0]], row[at[1]], token, row[at[2]], expires, now, row)
+              for row in rows]
+    return sorted(claims, key=_claim_order)  # RETURNING keeps no order
+
+
+def _claim_order(c: TaskClaim) -> tuple[int, datetime]:
+    """Claim order: higher priority first, then the longest available."""
+    names = sources.columns(TaskRecord, _alias()).names
+    return -c.values[names.index("priority")], c.values[names.index("available_at")]
 
 
 # ----- completion ---------------------------------------------------------------------
@@ -411,10 +418,13 @@ def claim_limited(
     limits: dict[str, str],
     global_limit: str | None,
 ) -> list[TaskClaim]:
-    """Claim up to ``room`` tasks, respecting per-task and global start rates.
+    """Claim up to ``room`` tasks, respecting per-task and global start rates and priority.
 
-    ``limits`` maps task paths to their rate. Unlimited tasks are claimed first, then each
-    limited task up to what its bucket allows, all in one transaction with the buckets.
+    ``limits`` maps task paths to their rate. In one transaction with the buckets: up to
+    ``room`` unlimited tasks and, of each limited task, what its bucket allows; of those,
+    the ``room`` first in claim order (priority, then age) are kept and the others given
+    back at once, so a limited task of high priority is not starved by unlimited ones.
+    Buckets pay only for the tasks kept.
     """
     from .. import ratelimit
 
@@ -428,16 +438,21 @@ def claim_limited(
         if global_limit is not None:
             overall = ratelimit.reserve("__all_tasks__", global_limit, room)
             room = overall.allowed
+        if room <= 0:
+            if overall is not None:
+                overall.consume(0)
+            return []
         claims = claim(queues, room, claimant, lease, exclude_paths=tuple(limits))
-        room -= len(claims)
+        buckets = []
         for path, rate in limits.items():
-            if room <= 0:
-                break
             bucket = ratelimit.reserve(f"task:{path}", rate, room)
-            got = claim(queues, bucket.allowed, claimant, lease, only_path=path)
-            bucket.consume(len(got))
-            claims += got
-            room -= len(got)
+            claims += claim(queues, bucket.allowed, claimant, lease, only_path=path)
+            buckets.append((path, bucket))
+        claims.sort(key=_claim_order)
+        claims, surplus = claims[:room], claims[room:]
+        unclaim(surplus)
+        for path, bucket in buckets:
+            bucket.consume(sum(1 for c in claims if c.task_path == path))
         if overall is not None:
             overall.consume(len(claims))
     return claims
