@@ -23,6 +23,11 @@ class Config:
     #: PostgreSQL: NOTIFY on new work and LISTEN in supervisors (turn off behind a
     #: transaction-pooling PgBouncer, which cannot LISTEN; polling remains).
     NOTIFY: bool = True
+    #: PostgreSQL: our own status statements (claims, task completions) commit without
+    #: waiting for the WAL flush (``synchronous_commit = off`` for their transaction only).
+    #: A database crash may forget the last fraction of a second of them: those units run
+    #: again, as after a lost lease. Handler transactions always wait. See docs/operating.md.
+    ASYNC_COMMIT: bool = True
     #: Seconds running handlers get to finish after SIGTERM before they are cut off.
     GRACE_PERIOD: float = 30.0
     #: Times a unit may kill its process (or lose its lease) before it is marked FAILED.
@@ -97,7 +102,7 @@ def _check(key: str, value: Any) -> None:
         except ValueError as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from None
         return
-    if key == "NOTIFY":
+    if key in ("NOTIFY", "ASYNC_COMMIT"):
         if not isinstance(value, bool):
             raise ImproperlyConfigured(f"{where} is {value!r}; it must be True or False.")
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from contextlib import closing
 from typing import Any
 
@@ -127,3 +128,33 @@ class TransactionCheck:
         if marker is _UNSET:
             marker = transaction_marker(self.using)
         return marker == self.begun
+
+
+def execute_status(cursor: Any, sql: str, params: Sequence[Any]) -> None:
+    """Execute one of our own status statements: a claim, a task's completion.
+
+    Its loss in a database crash costs a re-run, never a unit: a claim lost is a unit
+    waiting again, a completion lost a lease that expires. So with ``DBWORKER
+    ["ASYNC_COMMIT"]`` on PostgreSQL its transaction does not wait for the WAL flush (an
+    fsync, the most part of a one-row transaction's time): ``SET LOCAL synchronous_commit
+    = off`` goes in the same query (one round trip; Django's client-side binding sends it
+    with the simple protocol, which runs both in one transaction, the caller's or an
+    implicit one). Later synchronous commits flush it anyway: WAL is written in order.
+    Elsewhere, and with server-side binding, the statement runs as it is. The cursor is
+    left at the statement's own result.
+    """
+    if _async_commit(cursor):
+        cursor.execute("SET LOCAL synchronous_commit = off; " + sql, params)
+        cursor.nextset()
+    else:
+        cursor.execute(sql, params)
+
+
+def _async_commit(cursor: Any) -> bool:
+    if cursor.db.vendor != "postgresql" or not conf.get().ASYNC_COMMIT:
+        return False
+    try:
+        import psycopg
+    except ImportError:  # psycopg2: no nextset() to reach the statement's result
+        return False
+    return isinstance(cursor.cursor, psycopg.ClientCursor)

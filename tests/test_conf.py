@@ -34,6 +34,7 @@ def test_defaults():
         ({"MAX_TASKS_PER_CHILD": True}, r"MAX_TASKS_PER_CHILD'\] is True"),
         ({"PREFETCH": -1}, r"PREFETCH'\] is -1; it must be an integer >= 0"),
         ({"PREFETCH": 1.5}, r"PREFETCH'\] is 1.5; it must be an integer >= 0"),
+        ({"ASYNC_COMMIT": "no"}, r"ASYNC_COMMIT'\] is 'no'; it must be True or False"),
         ({"DATABASE": "other"}, r"DATABASE'\] is 'other'; it must name a database"),
         ({"LEASE": 3}, r"unknown keys 'LEASE'; known keys are .*LEASE_SECONDS"),
         ([("LEASE_SECONDS", 3)], r"DBWORKER must be a dict, not list"),

@@ -231,6 +231,30 @@ def test_task_claims_bring_the_row_as_get_reads_it():
         assert not carried._state.adding and carried._state.db == connection.alias
 
 
+def test_status_statements_do_not_wait_for_the_wal_flush_on_postgres(vendor, settings):
+    from django.test.utils import CaptureQueriesContext
+
+    tasks.add.enqueue_many([((i, i), {}) for i in range(4)])
+    with CaptureQueriesContext(connection) as captured:
+        (one,) = taskstore.claim(None, 1, store.Claimant(), 30)
+        assert taskstore.succeed(one, 2) == 1
+    asynchronous = vendor == "postgresql"
+    statements = [q["sql"] for q in captured.captured_queries if "UPDATE" in q["sql"]]
+    assert len(statements) == 2, "the claim and the completion"
+    assert all(q.startswith("SET LOCAL synchronous_commit = off; UPDATE") == asynchronous
+               for q in statements), statements
+    with connection.cursor() as cursor:  # the setting lasted only for those transactions
+        if asynchronous:
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone() == ("on",)
+    settings.DBWORKER = {**settings.DBWORKER, "ASYNC_COMMIT": False}
+    with CaptureQueriesContext(connection) as captured:
+        (two,) = taskstore.claim(None, 1, store.Claimant(), 30)
+        assert taskstore.succeed(two, 2) == 1
+    assert not any("synchronous_commit" in q["sql"] for q in captured.captured_queries)
+    assert TaskRecord.objects.filter(status=TaskStatus.SUCCESSFUL).count() == 2
+
+
 def test_plain_normalises_like_django():
     from collections import OrderedDict, UserList
 
@@ -380,7 +404,10 @@ def test_task_claim_of_one_queue_walks_its_index_without_sorting(vendor):
     with CaptureQueriesContext(connection) as captured:
         claimed = taskstore.claim(["default"], 8, store.Claimant(), 30)
     assert len(claimed) == 8
-    (sql,) = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("UPDATE")]
+    # PostgreSQL: "SET LOCAL synchronous_commit = off; UPDATE ..." (db.execute_status)
+    (sql,) = [q["sql"].rpartition("; ")[2] for q in captured.captured_queries
+              if "UPDATE" in q["sql"]]
+    assert sql.startswith("UPDATE")
     with connection.cursor() as cursor:
         if vendor == "postgresql":
             cursor.execute(f"EXPLAIN {sql}")

@@ -34,6 +34,7 @@ from .. import compiled, conf, keys
 from ..models import CLAIMABLE, Execution, Failure, State
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
+from ..db import execute_status
 from .queries import candidates, in_states
 
 #: The partial index the claim reads (``Execution.Meta.indexes``).
@@ -172,7 +173,7 @@ def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[
     token = uuid.uuid4()
     sql, params = claim_sql(worker, limit, claimant, token=token, now=now, expires=expires)
     with one_statement(using), connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
+        execute_status(cursor, sql, params)
         rows = cursor.fetchall()
     return [Claim(row[0], worker.name, row[1], token, row[2], expires) for row in rows]
 

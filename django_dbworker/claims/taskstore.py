@@ -30,6 +30,7 @@ from django.db.models import Case, F, Func, JSONField, When
 from django.utils import timezone
 
 from .. import compiled, conf, notify, sources
+from ..db import execute_status
 from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
 from . import newtasks
 from .queries import in_states
@@ -192,7 +193,7 @@ def claim(
         *inner_params,
     ]
     with one_statement(using), connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        execute_status(cursor, sql, params)
         rows = returned.values(cursor.fetchall())
     at = [returned.names.index(name) for name in ("id", "task_path", "attempts")]
     claims = [TaskClaim(row[at[0]], row[at[1]], token, row[at[2]], expires, now, row)
@@ -234,7 +235,7 @@ def succeed(c: TaskClaim, return_value: Any, *, at: datetime | None = None) -> i
     params += [field("id").get_db_prep_save(c.task_id, connection),
                field("token").get_db_prep_save(c.token, connection), from_status]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        execute_status(cursor, sql, params)
         return cursor.rowcount
 
 
