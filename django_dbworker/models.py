@@ -198,6 +198,14 @@ class TaskRecord(models.Model):
                 name="dbworker_task_claimable",
                 condition=Q(status__in=TASK_CLAIMABLE),
             ),
+            # The claims of a supervisor that runs every queue (no --queue): the same order
+            # without the queue, so they walk an index too instead of sorting every task
+            # that waits.
+            models.Index(
+                models.F("priority").desc(), "available_at",
+                name="dbworker_task_claimable_any",
+                condition=Q(status__in=TASK_CLAIMABLE),
+            ),
             models.Index(
                 fields=["lease_expires_at"],
                 name="dbworker_task_running",
