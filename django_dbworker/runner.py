@@ -178,8 +178,8 @@ def _run_then_record(worker: Worker, c: Claim) -> str:
 def _lost(worker: Worker, c: Claim) -> str:
     return (
         f"worker {worker.name!r} lost the claim on execution {c.execution_id} (attempt "
-        f"{c.attempt}): another process took the unit over after the lease expired; "
-        "this attempt's writes were rolled back"
+        f"{c.attempt}): its lease expired (its supervisor could not renew it) or another "
+        "process took the unit over after that; this attempt's writes were rolled back"
     )
 
 

@@ -30,6 +30,8 @@ from .runner import Result
 logger = logging.getLogger("django_dbworker")
 
 SUCCESSFUL, RETRYING, FAILED, LOST = "successful", "retrying", "failed", "lease_lost"
+LOST_WHY = ("cancelled, taken over, or its lease expired (its supervisor could not renew "
+            "it) before it finished; not recorded")
 
 
 def run_task(c: TaskClaim) -> Result:
@@ -41,7 +43,7 @@ def run_task(c: TaskClaim) -> Result:
         task = task_registry.resolve(c.task_path)
     except UnknownTask as exc:
         info = FailureInfo.of(exc)
-        changed = taskstore.fail_attempt(c, info, retry_at=None)
+        changed = taskstore.fail_attempt(c, info, retry_at=None, live=True)
         return _result(c, FAILED if changed else LOST, started, str(exc))
     alias = task.backend
     result = to_result(row, alias, task)
@@ -60,7 +62,7 @@ def run_task(c: TaskClaim) -> Result:
             return _failed(task, c, exc, started)
         finished = timezone.now()
         if not taskstore.succeed(c, value, at=finished):
-            return _result(c, LOST, started, "cancelled or taken over before it finished")
+            return _result(c, LOST, started, LOST_WHY)
         _callback(task, "on_success", c, value)
         _finished_signal(task, c, _succeeded(row, value, finished, unit))
         return _result(c, SUCCESSFUL, started)
@@ -97,8 +99,8 @@ def _failed(task: Any, c: TaskClaim, exc: BaseException, started: float) -> Resu
     retry_at = None
     if isinstance(task, DBWorkerTask) and retry.should_retry(task, c.attempt, exc):
         retry_at = timezone.now() + timedelta(seconds=retry.delay(task, c.attempt))
-    if not taskstore.fail_attempt(c, info, retry_at=retry_at):
-        return _result(c, LOST, started, "cancelled or taken over before it finished")
+    if not taskstore.fail_attempt(c, info, retry_at=retry_at, live=True):
+        return _result(c, LOST, started, LOST_WHY)
     message = f"{info.exception_class}: {info.message}"
     if retry_at is not None:
         return _result(c, RETRYING, started, message, retry_at=retry_at.isoformat())

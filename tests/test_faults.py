@@ -11,6 +11,7 @@ attempts. The chaos soak is in ``tests/test_chaos.py``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,11 +22,13 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.db import connection
 from django.db.models import Count
+from django.utils import timezone
 
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
 from django_dbworker.supervisor.supervisor import CHILD_DIED
 from tests.conftest import ROOT, wait_for
 from tests.testapp import tasks
+from tests.testapp.faults import FAIL_RENEWALS
 from tests.testapp.models import Effect, Item
 
 pytestmark = pytest.mark.processes
@@ -342,6 +345,57 @@ def test_short_lease_is_renewed_for_long_handlers(runworkers, vendor):
         row = task_row(result)
         assert (row.status, row.attempts, row.crashes) == (TaskStatus.SUCCESSFUL, 1, 0)
     assert "reaped" not in rw.output() and "lease_lost" not in rw.output()
+    stop(rw)
+
+
+def leases_lapsed(item: Item, result) -> bool:
+    now = timezone.now()
+    return (execution(item).lease_expires_at < now
+            and task_row(result).lease_expires_at < now)
+
+
+def test_supervisor_whose_renewals_fail_stops_its_childrens_commits(runworkers, vendor,
+                                                                    tmp_path):
+    """The supervisor alone loses the database (its renewals raise, tests/testapp/faults.py);
+    its children still reach it and finish after the leases expired, before anyone reaped
+    them: neither may record, the row's writes roll back, and both units run again once."""
+    if vendor != "postgresql":
+        pytest.skip("SQLite: renewals wait behind a running handler's write lock, so a lapsed "
+                    "lease is not checked there (test_processes.py::"
+                    "test_paused_supervisor_on_sqlite_keeps_its_unit)")
+    renewals_fail, go = tmp_path / "renewals_fail", tmp_path / "go"
+    item = Item.objects.create(action=f"wait_file:{go}")
+    result = tasks.wait_file.enqueue(1, str(go))
+    rw = runworkers("--concurrency", "2", lease=2,
+                    extra_env={FAIL_RENEWALS: str(renewals_fail)})
+    wait_for(lambda: execution(item).state == State.WORKING
+             and Effect.objects.filter(worker="wait_file").exists(), what="both units to run")
+    renewals_fail.touch()
+    wait_for(lambda: leases_lapsed(item, result), timeout=20, what="both leases to expire")
+    assert "injected by the test" in rw.output()  # the renewals did fail
+    go.touch()  # both handlers return now, after their leases expired
+    wait_for(lambda: rw.output().count("lease_lost") >= 2, timeout=15,
+             what="both children to find their lease gone")
+
+    assert not Effect.objects.filter(worker="touch").exists(), "the row's writes committed"
+    assert execution(item).state != State.FINISHED and execution(item).attempts == 1
+    assert task_row(result).status != TaskStatus.SUCCESSFUL and task_row(result).attempts == 1
+    assert "its lease expired" in rw.output()
+    assert rw.process.poll() is None, rw.output()
+
+    renewals_fail.unlink()  # the supervisor reaches the database again
+    wait_for(lambda: rows_settled([item]) and settled([result]), timeout=30,
+             what="both units to run again")
+    unit = execution(item)
+    # Given back by its supervisor at once (not a crash), then run again exactly once.
+    assert (unit.state, unit.attempts, unit.crashes) == (State.FINISHED, 2, 0)
+    row_effects_exactly_once([item])
+    row = task_row(result)
+    assert (row.status, row.attempts, row.crashes) == (TaskStatus.SUCCESSFUL, 2, 0)
+    assert row.return_value["attempt"] == 2
+    assert Effect.objects.filter(worker="wait_file").count() == 2  # a task: at least once
+    wait_for(lambda: "reconnected" in rw.output(), what="the supervisor's reconnected line")
+    assert re.search(r"reconnected down_for=[\d.]+ attempts=\d+", rw.output())
     stop(rw)
 
 

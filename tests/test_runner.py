@@ -7,12 +7,14 @@ from django.db import connection
 from django.utils import timezone
 
 from django_dbworker import ExecutionStatus, execution_status, workers
-from django_dbworker.claims import store
+from django_dbworker.claims import store, taskstore
 from django_dbworker.claims.store import Claimant
-from django_dbworker.models import Execution, Failure, State
+from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
 from django_dbworker.runner import run
+from django_dbworker.task_runner import run_task
 from django_dbworker.testing import run_until_idle
 from tests.testapp.models import Effect, Item
+from tests.testapp.tasks import add
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -175,6 +177,26 @@ def test_stale_claim_cannot_commit():
     assert not Effect.objects.exists(), "the stale run's write was rolled back"
     assert run(new).outcome == "finished"
     assert Effect.objects.filter(item_id=item.pk).count() == 1
+
+
+def test_expired_lease_cannot_commit_before_any_reap():
+    """PostgreSQL: a lease that expired (its supervisor could not renew it) stops the commit
+    though nobody took the unit over. SQLite checks the token only (``store.lease_live``)."""
+    Item.objects.create()
+    add.enqueue(1, 2)
+    row = store.claim(workers["touch"], 1, Claimant(), lease=30)[0]
+    task = taskstore.claim(None, 1, Claimant(), lease=30)[0]
+    past = timezone.now() - timedelta(seconds=1)
+    Execution.objects.filter(pk=row.execution_id).update(lease_expires_at=past)
+    TaskRecord.objects.filter(pk=task.task_id).update(lease_expires_at=past)
+    if connection.vendor == "sqlite":
+        assert (run(row).outcome, run_task(task).outcome) == ("finished", "successful")
+        return
+    assert run(row).outcome == "lease_lost"
+    assert run_task(task).outcome == "lease_lost"
+    assert not Effect.objects.exists(), "the expired run's write was rolled back"
+    assert Execution.objects.get(pk=row.execution_id).state == State.WORKING  # for a reaper
+    assert TaskRecord.objects.get(pk=task.task_id).status == TaskStatus.RUNNING
 
 
 def test_reaped_unit_counts_a_crash_and_fails_after_max():

@@ -14,7 +14,10 @@ The state machine, written down once::
     FINISHED    -> UNFINISHED   reprocess (a person asks to run a finished unit again)
 
 A change whose guard does not match (wrong state, or a token that is no longer current)
-changes nothing and returns 0: that is how a process learns it lost its lease.
+changes nothing and returns 0: that is how a process learns it lost its lease. What a
+child records (complete, fail) also needs its lease unexpired (``lease_live``): a
+supervisor that cannot renew stops its children's commits once the lease is gone, before
+any reaper took the unit back.
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from .. import compiled, conf, keys
+from ..db import execute_status
 from ..models import CLAIMABLE, Execution, Failure, State
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
-from ..db import execute_status
 from .queries import candidates, in_states
 
 #: The partial index the claim reads (``Execution.Meta.indexes``).
@@ -184,9 +187,25 @@ def _fenced(c: Claim, using: str) -> Any:
     )
 
 
-def _completed(outcome: Outcome) -> dict[str, Any]:
+def lease_live(using: str) -> bool:
+    """Whether a child's record also needs its lease unexpired, not only its token.
+
+    Leases are written with ``timezone.now()`` by the supervisor, a fork on the same host:
+    the child compares with the same clock. Not on SQLite: a running transactional handler
+    holds its only write lock from BEGIN to COMMIT, so renewals wait behind it and a lease
+    may lapse while its supervisor is well; nobody can take a unit over meanwhile either (a
+    reap needs the same lock and changes the token, which the record checks).
+    """
+    return connections[using].vendor != "sqlite"
+
+
+def _live(c: Claim, using: str, now: datetime) -> Any:
+    qs = _fenced(c, using)
+    return qs.filter(lease_expires_at__gt=now) if lease_live(using) else qs
+
+
+def _completed(outcome: Outcome, now: datetime) -> dict[str, Any]:
     """The columns ``complete`` writes for ``outcome``."""
-    now = timezone.now()
     done = {"token": None, "lease_expires_at": None, "finished_at": now}
     if isinstance(outcome, Finished):
         return {"state": State.FINISHED, **done}
@@ -197,9 +216,11 @@ def _completed(outcome: Outcome) -> dict[str, Any]:
 
 def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[Any]]:
     """``complete``'s guarded UPDATE as SQL: it runs once per unit, so it is written out
-    rather than built with the ORM (the same guard as ``_fenced``)."""
-    values = _completed(outcome)
-    key = (connection.alias, tuple(values))
+    rather than built with the ORM (the same guard as ``_live``)."""
+    now = timezone.now()
+    values = _completed(outcome, now)
+    live = lease_live(connection.alias)
+    key = (connection.alias, live, tuple(values))
     sql = _completion_sql.get(key)
     if sql is None:
         quote = connection.ops.quote_name
@@ -208,19 +229,23 @@ def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[
         sql = _completion_sql[key] = (
             f"UPDATE {quote(Execution._meta.db_table)} SET {columns} "
             "WHERE id = %s AND token = %s AND state = %s"
+            + (" AND lease_expires_at > %s" if live else "")
         )
     field = Execution._meta.get_field
     params = [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
     (from_state,) = TRANSITIONS["complete"]
-    return sql, [*params, c.execution_id, field("token").get_db_prep_save(c.token, connection),
-                 from_state]
+    params += [c.execution_id, field("token").get_db_prep_save(c.token, connection), from_state]
+    if live:
+        params.append(field("lease_expires_at").get_db_prep_save(now, connection))
+    return sql, params
 
 
-_completion_sql: dict[tuple[str, tuple[str, ...]], str] = {}
+_completion_sql: dict[tuple[str, bool, tuple[str, ...]], str] = {}
 
 
 def complete(c: Claim, outcome: Outcome) -> int:
-    """Write the handler's outcome, only while ``c`` is still the current claim."""
+    """Write the handler's outcome, only while ``c`` is still the current claim and its
+    lease has not expired."""
     connection = connections[_alias()]
     sql, params = _completion(c, outcome, connection)
     with connection.cursor() as cursor:
@@ -240,11 +265,12 @@ def complete_returning(c: Claim, outcome: Outcome, returning: str) -> list[tuple
 
 
 def fail(c: Claim, failure: FailureInfo) -> int:
-    """Record a failed attempt and mark the execution FAILED (fenced by the token)."""
+    """Record a failed attempt and mark the execution FAILED (fenced by the token and the
+    lease)."""
     using = _alias()
     now = timezone.now()
     with transaction.atomic(using=using):
-        changed = _fenced(c, using).update(
+        changed = _live(c, using, now).update(
             state=State.FAILED, token=None, lease_expires_at=None, finished_at=now
         )
         if changed:

@@ -34,7 +34,7 @@ from ..db import execute_status
 from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
 from . import newtasks
 from .queries import in_states
-from .store import Claimant, FailureInfo, by_tokens, one_statement
+from .store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
 
 KEY_NAMESPACE = newtasks.KEY_NAMESPACE
 
@@ -216,16 +216,23 @@ def _fenced(c: TaskClaim, using: str) -> Any:
     )
 
 
+def _live(c: TaskClaim, using: str, now: datetime) -> Any:
+    """``_fenced``, and the lease not expired where that is checked (``store.lease_live``)."""
+    qs = _fenced(c, using)
+    return qs.filter(lease_expires_at__gt=now) if lease_live(using) else qs
+
+
 def succeed(c: TaskClaim, return_value: Any, *, at: datetime | None = None) -> int:
-    """RUNNING -> SUCCESSFUL with the return value, fenced by the claim's token; ``at``:
-    its ``finished_at`` (default: now).
+    """RUNNING -> SUCCESSFUL with the return value, fenced by the claim's token and its
+    lease; ``at``: its ``finished_at`` (default: now).
 
     It runs once per task, so it is written out rather than built with the ORM (the same
-    guard as ``_fenced``)."""
+    guard as ``_live``)."""
     connection = connections[_alias()]
     field = TaskRecord._meta.get_field
+    now = timezone.now()
     values = {"status": TaskStatus.SUCCESSFUL, "return_value": return_value,
-              "finished_at": at or timezone.now(), "token": None, "lease_expires_at": None}
+              "finished_at": at or now, "token": None, "lease_expires_at": None}
     quote = connection.ops.quote_name
     columns = ", ".join(f"{quote(field(name).column)} = %s" for name in values)
     (from_status,) = TRANSITIONS["finish"]
@@ -234,6 +241,9 @@ def succeed(c: TaskClaim, return_value: Any, *, at: datetime | None = None) -> i
     params = [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
     params += [field("id").get_db_prep_save(c.task_id, connection),
                field("token").get_db_prep_save(c.token, connection), from_status]
+    if lease_live(connection.alias):
+        sql += " AND lease_expires_at > %s"
+        params.append(field("lease_expires_at").get_db_prep_save(now, connection))
     with connection.cursor() as cursor:
         execute_status(cursor, sql, params)
         return cursor.rowcount
@@ -251,21 +261,24 @@ def error_entry(info: FailureInfo, attempt: int, when: datetime) -> dict[str, An
 
 def fail_attempt(
     c: TaskClaim, info: FailureInfo, *, retry_at: datetime | None,
-    status: TaskStatus = TaskStatus.FAILED,
+    status: TaskStatus = TaskStatus.FAILED, live: bool = False,
 ) -> int:
-    """Record a failed attempt: RETRYING until ``retry_at``, else ``status`` for good."""
+    """Record a failed attempt: RETRYING until ``retry_at``, else ``status`` for good.
+
+    ``live``: the child that ran it records, so its lease must not have expired either
+    (the supervisor's records of timeouts, cancels and crashes need only the token)."""
     using = _alias()
     now = timezone.now()
     with transaction.atomic(using=using):
-        row = _fenced(c, using).select_for_update().values("errors").first()
+        fenced = _live(c, using, now) if live else _fenced(c, using)
+        row = fenced.select_for_update().values("errors").first()
         if row is None:
             return 0
         errors = [*row["errors"], error_entry(info, c.attempt, now)]
         done = {"token": None, "lease_expires_at": None, "errors": errors}
         if retry_at is not None:
-            return _fenced(c, using).update(status=TaskStatus.RETRYING, available_at=retry_at,
-                                            **done)
-        return _fenced(c, using).update(status=status, finished_at=now, **done)
+            return fenced.update(status=TaskStatus.RETRYING, available_at=retry_at, **done)
+        return fenced.update(status=status, finished_at=now, **done)
 
 
 def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> int:

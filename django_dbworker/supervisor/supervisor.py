@@ -21,6 +21,7 @@ from ..claims.store import Claimant, FailureInfo
 from ..db import use_immediate_transactions
 from ..logs import log_event, logger
 from ..registry import Worker
+from ..runner import LOST as LEASE_LOST
 from . import pool, units
 from .heartbeat import Heartbeat
 from .pool import Child, describe_exit
@@ -72,6 +73,9 @@ class Supervisor:
         self._rotation = 0
         self._next = {"renew": 0.0, "reap": 0.0, "sweep": 0.0}
         self._backoff = 0.0
+        #: Since when (monotonic) and how many times in a row the database failed us.
+        self._down_since: float | None = None
+        self._down_attempts = 0
         self._broken: dict[str, float] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self.listener = Listener(self.using)
@@ -130,6 +134,7 @@ class Supervisor:
                 if not stopping:
                     claimed = self._fill()
                 self._backoff = 0.0
+                self._database_up()
             except DatabaseError as exc:
                 self._database_down(exc)
             if (self.options.burst and not stopping and claimed == 0 and not self._busy()
@@ -326,12 +331,27 @@ class Supervisor:
             self.retry_release.pop(0)
 
     def _database_down(self, exc: DatabaseError) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+        self._down_attempts += 1
         self._backoff = min(max(self._backoff * 2, 0.5), 30.0)
         log_event(logging.WARNING, "database_error", error=str(exc).strip()[:300],
                   retry_in=self._backoff)
         with contextlib.suppress(DatabaseError):
             connections[self.using].close()
         self._wait(self._backoff)
+
+    def _database_up(self) -> None:
+        """After errors, say once that the database answers again: a whole round of work
+        went through on a connection opened since (``_database_down`` closed the last).
+        At the level of ``database_error``, so whoever sees that one sees this too."""
+        if self._down_since is None or connections[self.using].connection is None:
+            return
+        log_event(logging.WARNING, "reconnected",
+                  down_for=round(time.monotonic() - self._down_since, 2),
+                  attempts=self._down_attempts)
+        self._down_since = None
+        self._down_attempts = 0
 
     def _idle_timeout(self) -> float:
         now = time.monotonic()
@@ -403,8 +423,13 @@ class Supervisor:
     def _handle(self, ch: Child, message: tuple) -> None:
         kind = message[0]
         if kind == "result":
-            ch.claim = None
+            c, ch.claim = ch.claim, None
             ch.retiring = ch.retiring or message[2]
+            if message[1].outcome == LEASE_LOST and c is not None:
+                # Its lease expired before it could record (this supervisor could not renew
+                # it): give it back now rather than when a reaper finds it. Fenced by the
+                # token, so nothing changes if another process took it over meanwhile.
+                self.retry_release.append((c, None))
             self.progress.add(message[1].outcome)
             self.prefetch.ran(message[1].seconds)
             if self.stop_requested_at is not None:

@@ -151,3 +151,12 @@ def slow_first(context, n, seconds):
     if context.attempt == 1:
         time.sleep(seconds)
     return {"n": n, "pid": os.getpid(), "attempt": context.attempt}
+
+
+@task(takes_context=True)
+def wait_file(context, n, path):
+    """Waits until the test creates ``path`` (a re-run finds it there). Returns who ran it."""
+    Effect.objects.create(item_id=n, worker="wait_file", pid=os.getpid())
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    return {"n": n, "pid": os.getpid(), "attempt": context.attempt}

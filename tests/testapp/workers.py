@@ -72,6 +72,12 @@ def _act(item, name, context=None):
         if item.pk % 100 < int(action.split(":")[1]):
             time.sleep(0.2)
         return Finished()
+    if action.startswith("wait_file:"):
+        # Wait until the test creates this file (a re-run finds it there and finishes).
+        path = action.split(":", 1)[1]
+        while not os.path.exists(path):
+            time.sleep(0.02)
+        return Finished()
     if action == "delete_self":
         Item.objects.filter(pk=item.pk).delete()
         return Finished()

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class TestappConfig(AppConfig):
+    name = "tests.testapp"
+
+    def ready(self) -> None:
+        from . import faults
+
+        faults.install()
