@@ -5,10 +5,16 @@
 Runs, one after the other, each on PostgreSQL and SQLite: ``throughput.py`` (rows, tasks
 and the raw SQL reference, alternating, 3 runs of 5,000), ``enqueue.py`` (enqueue_many of
 10,000 and a loop of enqueue()), ``latency.py`` (idle latency and idle cost) and
-``claim_cost.py`` (claim cost at 1,000 and 1,000,000 finished rows). Each writes its own
+``claim_cost.py`` (claim cost at 1,000 and 1,000,000 finished rows) and, PostgreSQL only,
+``table_health.py --jobs=50000`` (dead tuples and the claim's plan under churn; its
+1,000,000-job figures come from running it alone); then ``peers.py --runs=1 --samples=30``
+(Celery + Redis, procrastinate, django-tasks-db, django-q2, Huey/SQLite, each in its own
+virtualenv under ``bench/.peers/``: 5,000 no-op jobs drained and the idle latency, ~2-3
+minutes once the virtualenvs exist). Each writes its own
 ``bench/results/<name>.json``; this script then writes ``bench/results/summary.json`` and
-``bench/results/summary.md``: the figures next to the targets of issue 6, with the machine
-and its load average. ``--quick`` runs fewer repetitions (for a smoke test, not figures).
+``bench/results/summary.md``: the figures next to the targets of issue 6 and, in the
+column "vs peers", next to the peers' figures of the same run (ours / theirs), with the
+machine and its load average. ``--quick`` runs fewer repetitions (for a smoke test, not figures).
 """
 
 from __future__ import annotations
@@ -29,12 +35,19 @@ SCRIPTS = {
     "enqueue": ["--runs=5"],
     "latency": ["--samples=100"],
     "claim_cost": ["--iterations=100", "--warmup=10"],
+    "peers": ["--runs=1", "--samples=30"],
+    # 50,000 jobs of each kind (1-2 min: the plans and the claim cost; too short for
+    # autovacuum's 60 s naptime to show): the large figures come from table_health.py alone
+    "table_health": ["--jobs=50000", "--sample-every=25000"],
 }
 QUICK = {
     "throughput": ["--runs=1", "--rows=1000"],
     "enqueue": ["--runs=1", "--tasks=2000", "--loop=200"],
     "latency": ["--samples=10", "--idle=2"],
     "claim_cost": ["--iterations=10", "--warmup=2", "--large=20000"],
+    "peers": ["--quick"],
+    "table_health": ["--jobs=5000", "--sample-every=2500", "--waiting=2000",
+                     "--enqueue-batch=2000"],
 }
 
 
@@ -75,12 +88,13 @@ def main() -> None:
 
 
 def summary(found: dict[str, Any]) -> str:
+    peers = {r["peer"]: r for r in found["peers"]["results"]}
     rows: list[list[Any]] = []
     throughput = {r["db"]: r for r in found["throughput"]["results"]}
     for db, r in throughput.items():
         raw = r["raw"]["per_s"]
         rows.append([db, "raw SQL, 1 row per transaction, 2 processes (reference)",
-                     f"{raw:,} jobs/s", f"{r['raw']['cpu_ms_per_job']} ms CPU/job", ""])
+                     f"{raw:,} jobs/s", f"{r['raw']['cpu_ms_per_job']} ms CPU/job", "", ""])
         for kind, label, target in (
             ("rows", "rows (transactional worker, no-op), --concurrency 2",
              ">= 2,000 rows/s" if db == "postgres" else ""),
@@ -90,11 +104,11 @@ def summary(found: dict[str, Any]) -> str:
             f = r[kind]
             rows.append([db, label, f"{f['per_s']:,}/s (net {f['net_per_s']:,}/s)",
                          f"{f['vs_raw']:.0%} of raw SQL; {f['cpu_ms_per_job']} ms CPU/job",
-                         target])
+                         vs_peers(f["per_s"], peers, PEER_COMPARISON[db], "drain"), target])
     for r in found["enqueue"]["results"]:
         rows.append([r["db"], f"enqueue_many of {r['tasks']:,} tasks",
                      f"{r['many_per_s']:,} tasks/s ({r['many_args_per_s']:,}/s with arguments)",
-                     f"{r['ratio']}x per task vs enqueue() ({r['loop_per_s']:,}/s)",
+                     f"{r['ratio']}x per task vs enqueue() ({r['loop_per_s']:,}/s)", "",
                      ">= 50,000/s, >= 20x" if r["db"] == "postgres" else ""])
     for r in found["latency"]["results"]:
         wake = "LISTEN/NOTIFY" if r["listen_notify"] else (
@@ -103,16 +117,90 @@ def summary(found: dict[str, Any]) -> str:
             f = r[kind]
             rows.append([r["db"], f"idle latency, {kind} ({wake})",
                          f"p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms", "",
+                         vs_peers(f["p50_ms"], peers, PEER_COMPARISON[r["db"]], "latency"),
                          "p50 <= 3 ms, p99 <= 20 ms" if r["db"] == "postgres"
                          else "p50 <= 50 ms"])
         rows.append([r["db"], "idle supervisor + 2 children",
-                     f"{r['idle_cpu_percent']}% CPU, {r['idle_rss_mb']} MB RSS", "",
+                     f"{r['idle_cpu_percent']}% CPU, {r['idle_rss_mb']} MB RSS", "", "",
                      "< 1% CPU, < 150 MB"])
     for ratio in found["claim_cost"].get("ratios", []):
         rows.append([ratio["db"], f"claim cost, {ratio['worker']}, {ratio['limit']} unit(s): "
                      "1M vs 1k finished rows", f"{ratio['claim_ratio']}x (claim), "
-                     f"{ratio['statement_ratio']}x (statement)", "", "<= 1.5x"])
-    return benchlib.markdown_table(["db", "what", "figure", "compared", "target"], rows)
+                     f"{ratio['statement_ratio']}x (statement)", "", "", "<= 1.5x"])
+    rows += table_health_rows(found["table_health"])
+    rows += peer_rows(peers, throughput)
+    return benchlib.markdown_table(["db", "what", "figure", "compared", "vs peers (same run)",
+                                    "target"], rows)
+
+
+def table_health_rows(health: dict[str, Any]) -> list[list[Any]]:
+    """Table health: the claim after N jobs vs at 0 (time, buffers, index), dead tuples."""
+    rows = []
+    mode = health["config"]["autovacuum"]
+    for kind, s in health.get("summary", {}).items():
+        runs = (f"{s['emulated_vacuum_runs']} vacuums (autovacuum emulated)"
+                if mode == "emulate" else f"{s['autovacuum_runs']} autovacuums")
+        for name, c in s["claims"].items():
+            index = ("claim index" if c["uses_claim_index_always"] and not c["seq_scan_ever"]
+                     else "NOT the claim index / Seq Scan")
+            rows.append(["postgres", f"table health, {kind}, claim ({name}): after "
+                         f"{s['jobs']:,} jobs vs 0", f"{c['ratio']}x claim(); buffers "
+                         f"{c['buffers_at_0']} -> {c['buffers_at_end']}; {index}",
+                         f"dead tuples max {s['max_dead_ratio']:.0%}, final "
+                         f"{s['final_dead_tuples']:,}; {runs}", "",
+                         "claim uses its index; dead tuples kept in check"])
+    return rows
+
+
+# Which peers our figures on each database are compared with: the tools a user of that
+# database would pick instead (on PostgreSQL: Celery with Redis and the PostgreSQL queues).
+PEER_COMPARISON = {"postgres": ("celery", "procrastinate", "tasksdb", "djangoq2"),
+                   "sqlite": ("huey",)}
+PEER_STORE = {"redis": "redis", "postgres": "postgres", "sqlite": "sqlite"}
+
+
+def vs_peers(ours: float, peers: dict[str, Any], names: tuple[str, ...], what: str) -> str:
+    """``ours`` / the peers' figure measured in the same run: jobs/s (higher is better) or
+    idle latency p50 (lower is better), e.g. "0.82x Celery + Redis"."""
+    parts = []
+    for name in names:
+        peer = peers.get(name)
+        if peer is None or peer["status"] != "ok" or not peer.get(what):
+            continue
+        theirs = peer["drain"]["per_s"] if what == "drain" else peer["latency"]["p50_ms"]
+        if theirs:
+            ratio = ours / theirs
+            parts.append(f"{ratio:.2f}x {peer['label']}" if ratio >= 0.1
+                         else f"{ratio:.2g}x {peer['label']}")
+    if not parts:
+        return ""
+    return ("jobs/s: " if what == "drain" else "p50: ") + ", ".join(parts)
+
+
+def peer_rows(peers: dict[str, Any], throughput: dict[str, Any]) -> list[list[Any]]:
+    """One row per peer: its drain (next to the raw SQL of its kind of database, same run)
+    and its idle latency; or why it could not run."""
+    rows = []
+    for peer in peers.values():
+        db = PEER_STORE.get(peer["needs"], peer["needs"])
+        if peer["status"] != "ok":
+            rows.append([db, f"peer: {peer['label']}", "failed", peer["error"][:160]
+                         .replace("|", "/"), "", ""])
+            continue
+        package, version = list(peer["versions"].items())[1]  # after "python"
+        d, lat = peer["drain"], peer["latency"]
+        raw = throughput.get("sqlite" if db == "sqlite" else "postgres", {}).get("raw", {})
+        compared = ""
+        if raw.get("per_s"):
+            kind = "SQLite" if db == "sqlite" else "PostgreSQL"
+            compared = f"{d['per_s'] / raw['per_s']:.0%} of {kind} raw SQL; "
+        compared += f"{d['cpu_ms_per_job']} ms CPU/job"
+        rows.append([db, f"peer: {peer['label']} ({package} {version}), {peer['shape']}",
+                     f"{d['per_s']:,}/s (net {d['net_per_s'] or 0:,}/s)", compared, "", ""])
+        if lat:
+            rows.append([db, f"peer: {peer['label']}, idle latency",
+                         f"p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms", "", "", ""])
+    return rows
 
 
 if __name__ == "__main__":
