@@ -184,34 +184,42 @@ def load_executions(worker: str, size: int, pending: int, using: str = "default"
     from django.db import connections
     from django.utils import timezone
 
-    from django_dbworker.models import Execution
-
     connection = connections[using]
     now = timezone.now()
     finished = {"state": "FINISHED", "attempts": 1, "started_at": now, "finished_at": now}
     waiting = {"state": "PENDING", "attempts": 0}
     for values, where in ((finished, "id <= %s"), (waiting, "id > %s")):
-        values = {"available_at": now, "created_at": now, **values}
-        columns, expressions, params = [], [], []
-        for field in Execution._meta.concrete_fields:
-            if field.primary_key:
-                continue
-            columns.append(connection.ops.quote_name(field.column))
-            if field.name == "source_id":
-                expressions.append("CAST(id AS varchar(255))")
-            elif field.name == "sort_key":
-                expressions.append("id")
-            else:
-                value = worker if field.name == "worker" else values.get(
-                    field.name, field.get_default())
-                expressions.append("%s")
-                params.append(field.get_db_prep_save(value, connection))
+        values = {"available_at": now, "created_at": now, "worker": worker, **values}
+        columns, expressions, params = execution_select(connection, values)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {EXECUTION_TABLE} ({', '.join(columns)}) "
                 f"SELECT {', '.join(expressions)} FROM {table} WHERE {where}",
                 [*params, size - pending],
             )
+
+
+def execution_select(connection: Any,
+                     values: dict[str, Any]) -> tuple[list[str], list[str], list[Any]]:
+    """The columns, SELECT expressions and parameters of an ``INSERT INTO <executions> (...)
+    SELECT ... FROM <source table>`` that gives each source row an execution: its key from
+    the row's ``id``, the columns in ``values`` as given, every other its model default."""
+    from django_dbworker.models import Execution
+
+    columns, expressions, params = [], [], []
+    for field in Execution._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(connection.ops.quote_name(field.column))
+        if field.name == "source_id":
+            expressions.append("CAST(id AS varchar(255))")
+        elif field.name == "sort_key":
+            expressions.append("id")
+        else:
+            expressions.append("%s")
+            params.append(field.get_db_prep_save(values.get(field.name, field.get_default()),
+                                                 connection))
+    return columns, expressions, params
 
 
 def analyze(using: str = "default", source: str = ROW_TABLE) -> None:

@@ -398,25 +398,11 @@ class Rows(Kind):
         from django.db import connection, transaction
         from django.utils import timezone
 
-        from django_dbworker.models import Execution
-
         first, last = self.enqueued + 1, self.enqueued + count
         now = timezone.now()
         waiting = {"state": "PENDING", "attempts": 0, "available_at": now, "created_at": now,
                    "worker": WORKER}
-        columns, expressions, params = [], [], []
-        for field in Execution._meta.concrete_fields:
-            if field.primary_key:
-                continue
-            columns.append(connection.ops.quote_name(field.column))
-            if field.name == "source_id":
-                expressions.append("CAST(id AS varchar(255))")
-            elif field.name == "sort_key":
-                expressions.append("id")
-            else:
-                expressions.append("%s")
-                params.append(field.get_db_prep_save(
-                    waiting.get(field.name, field.get_default()), connection))
+        columns, expressions, params = benchlib.execution_select(connection, waiting)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {benchlib.JOB_TABLE} (id, payload) SELECT i, 'payload ' || i "
