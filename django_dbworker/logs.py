@@ -12,6 +12,8 @@ logger = logging.getLogger("django_dbworker")
 
 def _format(value: Any) -> str:
     text = str(value)
+    if "\n" in text or "\r" in text:  # one event, one line (psycopg's errors span several)
+        text = text.replace("\r", "\\r").replace("\n", "\\n")
     if not text or any(ch in text for ch in ' "='):
         return '"' + text.replace('"', '\\"') + '"'
     return text

@@ -63,6 +63,43 @@ def test_unapplied_migrations_are_w002():
 # ----- JSON logs -----------------------------------------------------------------------
 
 
+def test_text_log_lines_stay_one_line_per_event(caplog):
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        log_event(logging.WARNING, "database_error", retry_in=0.5,
+                  error='connection failed: Connection refused\n\tIs the server "up"?\r\n')
+    message = caplog.records[-1].getMessage()
+    assert "\n" not in message and "\r" not in message
+    assert message == ('database_error retry_in=0.5 error="connection failed: Connection '
+                       'refused\\n\tIs the server \\"up\\"?\\r\\n"')
+
+
+def test_a_listen_that_fails_is_logged_once_and_tried_again_later(vendor, caplog, monkeypatch):
+    if vendor != "postgresql":
+        pytest.skip("LISTEN is PostgreSQL's")
+    from django.db import connection
+
+    from django_dbworker.supervisor import wakeups
+
+    listener = wakeups.Listener(connection.alias)
+    real_port = connection.settings_dict["PORT"]
+    monkeypatch.setitem(connection.settings_dict, "PORT", "1")  # nothing listens there
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        for _ in range(5):
+            assert listener.fileno() is None
+        failed = [r for r in caplog.records if r.getMessage().startswith("listen_failed")]
+        assert len(failed) == 1, "once per outage, not once per loop"
+        assert "retry_in=1.0" in failed[0].getMessage()
+        listener._retry_at = 0.0  # as if a second had passed: the next try fails again
+        assert listener.fileno() is None and listener._delay == 2.0
+        monkeypatch.setitem(connection.settings_dict, "PORT", real_port)
+        listener._retry_at = 0.0
+        assert listener.fileno() is not None, "LISTEN works again"
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("listen_failed") for m in messages) == 1
+    assert "listening after_failures=2" in messages
+    listener.close()
+
+
 def test_json_formatter_writes_one_object_per_event(caplog):
     with caplog.at_level(logging.INFO, logger="django_dbworker"):
         log_event(logging.ERROR, "failed", worker="touch", execution=7, attempt=2,

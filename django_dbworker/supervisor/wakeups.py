@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 from django.db import connections
@@ -11,22 +12,33 @@ from django.db import connections
 from ..logs import log_event
 from ..notify import CHANNEL, enabled
 
+#: Seconds before LISTEN is tried again after it failed: doubling from the first to the last.
+RETRY = (1.0, 30.0)
+
 
 class Listener:
-    """A psycopg connection of its own in autocommit mode, LISTENing on our channel."""
+    """A psycopg connection of its own in autocommit mode, LISTENing on our channel.
+
+    When LISTEN cannot be set up (the database is down, a pooler refuses it) the supervisor
+    polls; LISTEN is tried again after 1 s, doubling up to 30 s, and the failure is logged
+    once (``listen_failed``) until it works again (``listening``).
+    """
 
     def __init__(self, using: str) -> None:
         self.using = using
         self.active = enabled(using)
         self._conn: Any = None
+        self._retry_at = 0.0
+        self._delay = 0.0
+        self._failures = 0
 
     def fileno(self) -> int | None:
         """The socket to wait on, connecting first if needed; None without LISTEN."""
         if not self.active:
             return None
-        if self._conn is None or self._conn.closed:
+        if (self._conn is None or self._conn.closed) and time.monotonic() >= self._retry_at:
             self._connect()
-        return None if self._conn is None else self._conn.fileno()
+        return None if self._conn is None or self._conn.closed else self._conn.fileno()
 
     def drain(self) -> set[str]:
         """The payloads announced since the last call."""
@@ -56,9 +68,17 @@ class Listener:
             self._conn = psycopg.connect(**params, autocommit=True)
             self._conn.execute(f"LISTEN {CHANNEL}")
         except Exception as exc:  # polling still works without it
-            log_event(logging.WARNING, "listen_failed", error=str(exc)[:200],
-                      fallback="polling")
-            self._conn = None
+            self.close()
+            self._delay = min(max(self._delay * 2, RETRY[0]), RETRY[1])
+            self._retry_at = time.monotonic() + self._delay
+            self._failures += 1
+            if self._failures == 1:
+                log_event(logging.WARNING, "listen_failed", error=str(exc)[:200],
+                          fallback="polling", retry_in=self._delay)
+            return
+        if self._failures:
+            log_event(logging.WARNING, "listening", after_failures=self._failures)
+        self._failures, self._delay = 0, 0.0
 
 
 class Commits:
