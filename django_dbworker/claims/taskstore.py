@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -58,8 +59,9 @@ class TaskClaim:
     lease_expires_at: datetime
     claimed_at: datetime
     #: The task row as the claim left it (``sources.columns`` order), so that the child
-    #: that runs it need not read it again; empty: read it.
-    values: tuple[Any, ...] = ()
+    #: that runs it need not read it again; empty: read it. Not part of the claim's
+    #: identity (equality, hash) nor of its repr (arguments and errors may be large).
+    values: tuple[Any, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def row(self, using: str) -> TaskRecord | None:
         """The task row as claimed, or as stored now when the claim did not bring it."""
