@@ -14,12 +14,13 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .. import conf, keys
+from .. import keys
 from ..claims import store
 from ..models import Execution, Failure, State
 from ..registry import workers
 from . import display
 from .actions import Change, GuardedActions
+from .base import QueueTableAdmin
 from .filters import ExceptionFilter, WorkerFilter
 
 BOTH = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
@@ -69,7 +70,7 @@ class FailureInline(admin.StackedInline):
 
 
 @admin.register(Execution)
-class ExecutionAdmin(GuardedActions, admin.ModelAdmin):
+class ExecutionAdmin(GuardedActions, QueueTableAdmin):
     list_display = ["id", "worker", "source", "status", "tries", "error", "started",
                     "finished", "duration"]
     list_display_links = ["id"]
@@ -94,21 +95,9 @@ class ExecutionAdmin(GuardedActions, admin.ModelAdmin):
                        "finished_at", "duration", "supervisor", "claimed_host",
                        "claimed_pid", "lease_expires_at", "token"]
 
-    class Media:
-        css = {"all": ["django_dbworker/admin.css"]}
-
-    # ----- permissions: the page is read-only; actions need the change permission ------
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Rows change only through actions (guarded UPDATEs), never by editing a form.
-        return obj is None and super().has_change_permission(request)
-
     def get_queryset(self, request: HttpRequest) -> QuerySet[Execution]:
         last = Failure.objects.filter(execution=OuterRef("pk")).order_by("-id")
-        return super().get_queryset(request).using(conf.get().DATABASE).annotate(
+        return super().get_queryset(request).annotate(
             last_error_class=Subquery(last.values("exception_class")[:1]),
             last_error_message=Subquery(last.values("message")[:1]),
         )

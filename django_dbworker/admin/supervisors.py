@@ -12,9 +12,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from .. import conf
 from ..models import Supervisor
 from . import display
+from .base import QueueTableAdmin
 
 
 class StateFilter(admin.SimpleListFilter):
@@ -32,7 +32,7 @@ class StateFilter(admin.SimpleListFilter):
 
 
 @admin.register(Supervisor)
-class SupervisorAdmin(admin.ModelAdmin):
+class SupervisorAdmin(QueueTableAdmin):
     list_display = ["__str__", "state", "started", "heartbeat", "busy", "runs", "units_done"]
     list_filter = [StateFilter, "host"]
     search_fields = ["host", "=pid"]
@@ -44,17 +44,8 @@ class SupervisorAdmin(admin.ModelAdmin):
     readonly_fields = [f for _, options in fieldsets for f in options["fields"]]
     actions = None  # rows are written by supervisors; "dbworker prune" removes old ones
 
-    class Media:
-        css = {"all": ["django_dbworker/admin.css"]}
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Supervisor]:
-        return super().get_queryset(request).using(conf.get().DATABASE)
+        return False  # no actions either
 
     @admin.display(description="state")
     def state(self, obj: Supervisor) -> SafeString:

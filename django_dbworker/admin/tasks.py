@@ -12,11 +12,11 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from .. import conf
 from ..claims import taskstore
 from ..models import TaskRecord, TaskStatus
 from . import display
 from .actions import Change, GuardedActions
+from .base import QueueTableAdmin
 from .executions import BOTH
 
 CANCELLABLE = (TaskStatus.READY, TaskStatus.RETRYING, TaskStatus.RUNNING)
@@ -43,7 +43,7 @@ CANCEL = Change(
 
 
 @admin.register(TaskRecord)
-class TaskRecordAdmin(GuardedActions, admin.ModelAdmin):
+class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     list_display = ["short_id", "name", "queue", "status_badge", "prio", "tries", "progress_column",
                     "runs_after", "duration"]
     list_filter = ["status", "queue_name", "task_path"]
@@ -66,18 +66,6 @@ class TaskRecordAdmin(GuardedActions, admin.ModelAdmin):
         ("Errors", {"fields": ["errors_display"]}),
     ]
     readonly_fields = [f for _, options in fieldsets for f in options["fields"]]
-
-    class Media:
-        css = {"all": ["django_dbworker/admin.css"]}
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return obj is None and super().has_change_permission(request)
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TaskRecord]:
-        return super().get_queryset(request).using(conf.get().DATABASE)
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[TaskRecord],
                            search_term: str) -> tuple[QuerySet[TaskRecord], bool]:
