@@ -6,6 +6,7 @@ import json
 import logging
 import time
 import traceback as tb
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +22,7 @@ from .backend import DBWorkerTask
 from .claims import taskstore
 from .claims.store import FailureInfo
 from .claims.taskstore import TaskClaim
+from .completions import Kept
 from .exceptions import InvalidTaskArguments, UnknownTask
 from .logs import log_event
 from .models import TaskStatus
@@ -34,7 +36,11 @@ LOST_WHY = ("cancelled, taken over, or its lease expired (its supervisor could n
             "it) before it finished; not recorded")
 
 
-def run_task(c: TaskClaim) -> Result:
+def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result | None:
+    """Run ``c`` and record what happened; returns the outcome for the supervisor.
+
+    ``keep``: a success is not recorded here but handed to it (``completions``), to be
+    recorded with others; what follows the record runs then, and None is returned."""
     started = time.monotonic()
     row = c.row(conf.get().DATABASE)
     if row is None or row.token != c.token:
@@ -61,11 +67,19 @@ def run_task(c: TaskClaim) -> Result:
         except BaseException as exc:
             return _failed(task, c, exc, started)
         finished = timezone.now()
-        if not taskstore.succeed(c, value, at=finished):
-            return _result(c, LOST, started, LOST_WHY)
-        _callback(task, "on_success", c, value)
-        _finished_signal(task, c, _succeeded(row, value, finished, unit))
-        return _result(c, SUCCESSFUL, started)
+        ran = time.monotonic() - started
+
+        def after(recorded: bool) -> Result:
+            if not recorded:
+                return _result(c, LOST, started, LOST_WHY, ran=ran)
+            _callback(task, "on_success", c, value)
+            _finished_signal(task, c, _succeeded(row, value, finished, unit))
+            return _result(c, SUCCESSFUL, started, ran=ran)
+
+        if keep is not None:
+            keep(Kept(c, value, finished, after))
+            return None
+        return after(bool(taskstore.succeed(c, value, at=finished)))
     finally:
         progress.current.reset(token)
 
@@ -187,8 +201,10 @@ def _reset_connection() -> None:
 
 
 def _result(c: TaskClaim, outcome: str, started: float, error: str = "",
-            level: int = logging.INFO, **extra: Any) -> Result:
-    seconds = time.monotonic() - started
+            level: int = logging.INFO, ran: float | None = None, **extra: Any) -> Result:
+    """Log the outcome and say it; ``ran``: seconds the task ran, if it is not ``started``
+    until now (a success recorded later with others)."""
+    seconds = time.monotonic() - started if ran is None else ran
     if outcome == LOST:
         level = logging.WARNING
     log_event(level, outcome, task=c.task_path, id=c.task_id, attempt=c.attempt,

@@ -42,7 +42,8 @@ class Heartbeat:
         """Say we are alive and what each busy child runs; one statement."""
         now = timezone.now()
         values = {"last_heartbeat": now, "heartbeat_expires_at": now + self.lease,
-                  "running": [running(ch) for ch in children if ch.claim is not None],
+                  "running": [described for ch in children
+                              if (described := running(ch)) is not None],
                   "units_done": done}
         if self._created and self._rows().filter(pk=self.claimant.supervisor_id).update(
                 **values):
@@ -60,10 +61,15 @@ class Heartbeat:
                 stopped_at=timezone.now(), exit_code=exit_code, running=[], units_done=done)
 
 
-def running(child: Any) -> dict[str, Any]:
-    """A busy child's unit as JSON: the log fields of the unit, the child and since when."""
-    since = time.time() - (time.monotonic() - child.claimed_at)
+def running(child: Any) -> dict[str, Any] | None:
+    """A busy child's unit as JSON: the log fields of the unit, the child and since when;
+    None for a child between units."""
+    unit = child.running()
+    if unit is None:
+        return None
+    c, started = unit
+    since = time.time() - (time.monotonic() - started)
     described = {k: (v if isinstance(v, int | str) else str(v))
-                 for k, v in units.describe(child.claim).items()}
+                 for k, v in units.describe(c).items()}
     return {**described, "child": child.pid,
             "since": datetime.fromtimestamp(since, UTC).isoformat()}

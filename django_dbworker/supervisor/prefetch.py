@@ -1,16 +1,18 @@
-"""Units claimed ahead: committed and leased, waiting in the supervisor for a free child.
+"""Units claimed ahead: committed and leased, waiting in the supervisor for a child.
 
-One claim statement then brings several units, and a child that finishes gets its next
-unit from here at once instead of waiting for a claim. A unit waits here only while that
-helps the throughput:
+One claim statement then brings several units, and a child gets them in batches: it holds
+its running unit and up to ``depth() - 1`` more (``handoff``), so that it starts the next
+without waiting for the supervisor. A unit waits only while that helps the throughput:
 
 - Nothing is claimed ahead until units are known to be short: the supervisor keeps as
   many waiting as its children run in about ``WAIT`` seconds (from the smoothed run time
-  of recent units), at most ``DBWORKER["PREFETCH"]`` per child.
-- A unit that waited ``HOLD`` seconds (at most a third of the lease) is given back, and
-  units count as slow from then on.
-- A stopping supervisor (SIGTERM) gives back what waits here at once. Meanwhile the
-  leases of waiting units are renewed with the running ones.
+  of recent units), at most ``DBWORKER["PREFETCH"]`` per child here and as many in each
+  child.
+- Units waiting in a child behind one that ran ``patience()`` seconds come back here.
+- A unit that waited here ``HOLD`` seconds (at most a third of the lease) is given back,
+  and units count as slow from then on.
+- A stopping supervisor (SIGTERM) gives back what waits at once. Meanwhile the leases of
+  waiting units are renewed with the running ones.
 
 Giving back is ``unclaim``: the unit returns to the state the claim took it from, its
 attempt taken back; it is not a crash. A supervisor killed outright leaves its waiting
@@ -29,6 +31,8 @@ from .units import Unit
 WAIT = 0.05
 #: Seconds a unit may wait here before it is given back (capped at a third of the lease).
 HOLD = 1.0
+#: Least seconds a unit runs before the units queued behind it in a child are taken back.
+PATIENCE = 0.01
 #: Weight of the newest run time in the smoothed run time.
 SMOOTHING = 0.2
 
@@ -59,6 +63,22 @@ class Prefetch:
             return self.limit
         return min(self.limit, int(self.concurrency * WAIT / self.average))
 
+    def depth(self) -> int:
+        """How many units a child should hold at once, running and waiting: one, and while
+        units are short as many more as it runs in about ``WAIT`` seconds (at most
+        ``DBWORKER["PREFETCH"]``), so that it starts the next without waiting for us."""
+        if not self.limit or self.average is None:
+            return 1
+        per_child = self.limit // self.concurrency
+        if self.average <= 0:
+            return 1 + per_child
+        return 1 + min(per_child, int(WAIT / self.average))
+
+    def patience(self) -> float:
+        """Seconds a unit may run before the units waiting behind it in its child are
+        taken back (to go to another child, or back to the database)."""
+        return min(self.hold, max(PATIENCE, 10 * (self.average or 0.0)))
+
     def ran(self, seconds: float) -> None:
         """A child finished a unit in ``seconds``."""
         if self.average is None:
@@ -69,8 +89,9 @@ class Prefetch:
     def put(self, claimed: list[Unit], now: float) -> None:
         self.waiting.extend(Waiting(c, now) for c in claimed)
 
-    def take(self) -> Unit | None:
-        return self.waiting.popleft().unit if self.waiting else None
+    def take(self, n: int = 1) -> list[Unit]:
+        """Up to ``n`` units, oldest first."""
+        return [self.waiting.popleft().unit for _ in range(min(n, len(self.waiting)))]
 
     def expired(self, now: float) -> list[Unit]:
         """Take out the units that waited too long; from now on units count as slow."""

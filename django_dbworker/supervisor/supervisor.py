@@ -119,10 +119,12 @@ class Supervisor:
                 return self._cut_off("second signal")
             stopping = self.stop_requested_at is not None
             if stopping:
+                for ch in self.children:  # what waits in a child goes back too
+                    self.prefetch.put(ch.take_back(), time.monotonic())
                 if self._may_write_now():
                     self._give_back_now(self.prefetch.drain())
                 for ch in self.children:
-                    if ch.claim is None:
+                    if not ch.sent:
                         ch.ask_to_stop()
             if stopping and not self._busy():
                 return 0
@@ -143,39 +145,70 @@ class Supervisor:
                     return self._burst_done()
                 self._start_sweep(time.monotonic())  # rows may have become eligible since
             self.progress.show()
-            room = any(ch.claim is None for ch in self.children)
+            room = any(self._room(ch) for ch in self.children)
             timeout = 0.0 if claimed and room else self._idle_timeout()
             self._wait(timeout)
 
     # ----- claims and dispatch ------------------------------------------------------
 
     def _busy(self) -> bool:
-        """Units are running, or claimed ahead and waiting for a child."""
-        return bool(len(self.prefetch)) or any(ch.claim is not None for ch in self.children)
+        """Units are running or waiting in a child, or claimed ahead and waiting here."""
+        return bool(len(self.prefetch)) or any(ch.sent for ch in self.children)
+
+    def _room(self, ch: Child) -> int:
+        """How many units to send ``ch`` now: it is topped up to ``Prefetch.depth`` once
+        it holds half of that or less (a batch per message, not a unit)."""
+        if ch.retiring or ch.stopping or ch.process.exitcode is not None:
+            return 0
+        if ch.sent and self._stuck(ch, time.monotonic()):
+            return 0
+        depth = self.prefetch.depth()
+        return depth - len(ch.sent) if len(ch.sent) <= depth // 2 else 0
+
+    def _feed(self) -> int:
+        """Send each child with room units claimed ahead; returns the room left."""
+        left = 0
+        for ch in self.children:
+            room = self._room(ch)
+            if room and len(self.prefetch):
+                self._dispatch(ch, self.prefetch.take(room))
+                room = self._room(ch)
+            left += room
+        return left
+
+    def _unstick(self, now: float) -> None:
+        """Units waiting in a child behind one that runs long come back here: another child
+        may run them, or they go back to the database when they waited too long."""
+        for ch in self.children:
+            if self._stuck(ch, now):
+                self.prefetch.put(ch.take_back(), now)
+
+    def _stuck(self, ch: Child, now: float) -> bool:
+        """Whether the unit ``ch`` runs has run too long for units to wait behind it."""
+        running = ch.running()
+        return running is not None and now - running[1] > self.prefetch.patience()
 
     def _fill(self) -> int | None:
-        """Feed the idle children, from the units claimed ahead first, and claim more.
+        """Feed the children, from the units claimed ahead first, and claim more.
 
-        Returns the number of units claimed, or None when no claim was tried (no child was
-        free and enough units wait: nothing is known about what is claimable, so --burst
+        Returns the number of units claimed, or None when no claim was tried (no child had
+        room and enough units wait: nothing is known about what is claimable, so --burst
         keeps going).
         """
-        idle = [ch for ch in self.children if ch.claim is None and not ch.retiring
-                and not ch.stopping and ch.process.exitcode is None]
-        while idle and len(self.prefetch):
-            self._dispatch(idle.pop(), self.prefetch.take())
         now = time.monotonic()
+        self._unstick(now)
+        room = self._feed()
         self._give_back(self.prefetch.expired(now))
         ahead = self.prefetch.ahead()
-        if not idle and len(self.prefetch) > ahead // 2:
+        if not room and len(self.prefetch) > ahead // 2:
             return None
-        want = len(idle) + ahead - len(self.prefetch)
+        want = room + ahead - len(self.prefetch)
         if want <= 0:
             return None
         held = self.prefetch.groups()
         for ch in self.children:
-            if ch.claim is not None:
-                held[units.group(ch.claim)] += 1
+            for c in ch.sent.values():
+                held[units.group(c)] += 1
         sources: list[Worker | None] = [*self.options.workers]
         if self.tasks is not None:
             sources.append(None)  # None stands for the task queues
@@ -189,9 +222,8 @@ class Supervisor:
         for source in sources:
             claims = self._claim(source, want - claimed, held)
             claimed += len(claims)  # work was found, even if it goes back below
-            while idle and claims:
-                self._dispatch(idle.pop(), claims.pop(0))
             self.prefetch.put(claims, now)
+            self._feed()
             if claimed >= want:
                 break
         if claimed:
@@ -203,13 +235,14 @@ class Supervisor:
             return "task" in self._announced
         return "rows" in self._announced or source.name in self._announced
 
-    def _dispatch(self, child: Child, c: Unit) -> None:
+    def _dispatch(self, child: Child, batch: list[Unit]) -> None:
         if logger.isEnabledFor(logging.DEBUG):
-            log_event(logging.DEBUG, "claimed", **units.describe(c), child=child.pid)
+            for c in batch:
+                log_event(logging.DEBUG, "claimed", **units.describe(c), child=child.pid)
         try:
-            child.dispatch(c)
+            child.dispatch(batch)
         except OSError:  # the child is gone; its exit is handled by its sentinel
-            self._give_back([c])
+            self._give_back(batch)
 
     def _give_back(self, claimed: list[Unit]) -> None:
         """Unclaim units that never ran; retried later if the database does not answer."""
@@ -226,7 +259,7 @@ class Supervisor:
         the only write lock: the supervisor would wait for it, and could not cut it off
         after the grace period meanwhile. Nobody else can claim then either, so units
         claimed ahead are given back once no unit runs."""
-        return not self.commits.active or not any(ch.claim for ch in self.children)
+        return not self.commits.active or not any(ch.sent for ch in self.children)
 
     def _give_back_now(self, claimed: list[Unit]) -> None:
         if claimed:
@@ -290,7 +323,7 @@ class Supervisor:
             units.unclaim(self.retry_unclaim)
             self.retry_unclaim = []
         if now >= self._next["renew"]:
-            held = [ch.claim for ch in self.children if ch.claim is not None]
+            held = [c for ch in self.children for c in ch.sent.values()]
             held += self.prefetch.units()  # claimed ahead: renewed in the same statement
             units.renew(self.claimant, held, self.config.LEASE_SECONDS)
             self.heartbeat.beat(self.children, self.progress.done)
@@ -421,30 +454,33 @@ class Supervisor:
             pass
 
     def _handle(self, ch: Child, message: tuple) -> None:
-        kind = message[0]
-        if kind == "result":
-            c, ch.claim = ch.claim, None
-            ch.retiring = ch.retiring or message[2]
-            if message[1].outcome == LEASE_LOST and c is not None:
-                # Its lease expired before it could record (this supervisor could not renew
-                # it): give it back now rather than when a reaper finds it. Fenced by the
-                # token, so nothing changes if another process took it over meanwhile.
-                self.retry_release.append((c, None))
-            self.progress.add(message[1].outcome)
-            self.prefetch.ran(message[1].seconds)
-            if self.stop_requested_at is not None:
-                ch.ask_to_stop()
-        elif kind == "db_error":
-            c, ch.claim = ch.claim, None
-            log_event(logging.WARNING, "child_database_error", child=ch.pid,
-                      unit=message[1], error=message[2][:300])
-            if c is not None:
-                self.retry_release.append((c, None))
+        _, report, retiring = message
+        ch.retiring = ch.retiring or retiring
+        for seq, kind, *details in report:
+            c = ch.reported(seq)
+            if kind == "result":
+                (result,) = details
+                if result.outcome == LEASE_LOST and c is not None:
+                    # Its lease expired before it could record (this supervisor could not
+                    # renew it): give it back now rather than when a reaper finds it.
+                    # Fenced by the token: nothing changes if another process took it over.
+                    self.retry_release.append((c, None))
+                self.progress.add(result.outcome)
+                self.prefetch.ran(result.seconds)
+            elif kind == "db_error":
+                unit, error = details
+                log_event(logging.WARNING, "child_database_error", child=ch.pid,
+                          unit=unit, error=error[:300])
+                if c is not None:
+                    self.retry_release.append((c, None))
+        if self.stop_requested_at is not None and not ch.sent:
+            ch.ask_to_stop()
 
     def _child_exited(self, ch: Child) -> None:
         self.children.remove(ch)
         ch.pipe.close()
-        c = ch.claim
+        c, ran, never = ch.settle()
+        self._after_child(ran, never)
         if c is not None:
             how = describe_exit(ch.process.exitcode)
             crashed = FailureInfo(
@@ -465,20 +501,42 @@ class Supervisor:
                 time.sleep(0.5)  # a child that dies at once should not spin
             self.children.append(self._start_child(ch.slot))
 
-    def _stop_child(self, ch: Child) -> None:
-        """Kill a child on purpose (its task timed out or was cancelled); replace it later."""
-        ch.claim = None
+    def _after_child(self, ran: list[Unit], never: list[Unit]) -> None:
+        """Units of a child that exited, other than the one it died in: those it never
+        started are given back; those it ran without reporting are released, fenced by
+        their tokens: a no-op for those it recorded."""
+        for c in ran:
+            self.retry_release.append((c, None))
+        with contextlib.suppress(DatabaseError):  # retried by _maintain
+            self._give_back(never)
+
+    def _stop_child(self, ch: Child, c: Unit) -> bool:
+        """Kill a child on purpose, for the unit ``c`` it runs (a task that timed out or was
+        cancelled; the caller records it); replace it later. The units waiting behind ``c``
+        go to another child. False if it no longer runs ``c``: nothing is killed."""
+        self.prefetch.put(ch.take_back(), time.monotonic())  # now it starts nothing more
+        running = ch.running()
+        if running is None or running[0] is not c:
+            return False
+        ch.forget(c)
         ch.retiring = True
         ch.kill()
+        return True
 
     def _cut_off(self, why: str) -> int:
-        cut = [ch for ch in self.children if ch.claim is not None]
         for ch in self.children:
             ch.kill()
+        cut = []
+        for ch in self.children:
+            c, ran, never = ch.settle()
+            self.prefetch.put(never, time.monotonic())
+            self.retry_release.extend((unit, None) for unit in ran)
+            if c is not None:
+                cut.append(c)
         self._give_back_now(self.prefetch.drain())
-        for ch in cut:
-            c = ch.claim
-            ch.claim = None
+        with contextlib.suppress(DatabaseError):
+            self._retry_releases()
+        for c in cut:
             log_event(logging.WARNING, "cut_off", **units.describe(c), reason=why)
             try:
                 units.release(c, crashed=None, max_crashes=self.config.MAX_CRASHES)
@@ -513,7 +571,7 @@ class Supervisor:
             self.stop_requested_at = time.monotonic()
             log_event(logging.WARNING, "stopping", signal=name,
                       grace_period=self.options.grace_period,
-                      running=sum(ch.claim is not None for ch in self.children))
+                      running=sum(ch.running() is not None for ch in self.children))
         else:
             self.hard_stop = True
             log_event(logging.WARNING, "stopping_now", signal=name)

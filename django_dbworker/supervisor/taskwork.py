@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -48,30 +49,43 @@ class TaskWork:
             limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
         )
 
-    def maintain(self, children: list[Child], stop: Callable[[Child], None],
-                 waiting: Prefetch | None = None) -> None:
-        """Stop timed-out and cancelled tasks (``waiting``: claimed ahead, not started);
-        enqueue due cron ticks; prune old tasks."""
+    def maintain(self, children: list[Child], stop: Callable[[Child, TaskClaim], bool],
+                 waiting: Prefetch) -> None:
+        """Stop timed-out and cancelled tasks (``waiting``: claimed ahead, not started;
+        units waiting in a child are taken back there first); enqueue due cron ticks;
+        prune old tasks."""
         now = time.monotonic()
-        running = [ch for ch in children if isinstance(ch.claim, TaskClaim)]
-        for ch in running:
-            limit = self.timeouts.get(ch.claim.task_path)
-            if limit and now - ch.claimed_at > limit:
-                self._stop(ch, stop, TaskStatus.FAILED, FailureInfo(
+        running: dict[uuid.UUID, Child] = {}
+        for ch in children:
+            unit = ch.running()
+            if unit is None or not isinstance(unit[0], TaskClaim):
+                continue
+            c, since = unit
+            limit = self.timeouts.get(c.task_path)
+            if limit and now - since > limit:
+                self._stop(ch, c, stop, TaskStatus.FAILED, FailureInfo(
                     TIMEOUT, f"the task ran longer than its timeout of {limit:g}s and its "
                     "process was stopped"))
+            else:
+                running[c.task_id] = ch
         if now >= self._next["cancel"]:
             self._next["cancel"] = now + CANCEL_POLL
-            by_id = {ch.claim.task_id: ch for ch in running if ch.claim is not None}
-            queued = {c.task_id: c for c in (waiting.units() if waiting else [])
-                      if isinstance(c, TaskClaim)}
-            for task_id in taskstore.cancel_requested([*by_id, *queued]):
-                if task_id in queued:
-                    assert waiting is not None
-                    waiting.remove(queued[task_id])
-                    self._cancel_waiting(queued[task_id])
-                    continue
-                self._stop(by_id[task_id], stop, TaskStatus.CANCELLED, FailureInfo(
+            queued = [c for ch in children for c in ch.waiting()] + waiting.units()
+            queued_ids = {c.task_id for c in queued if isinstance(c, TaskClaim)}
+            cancelled = set(taskstore.cancel_requested([*running, *queued_ids]))
+            if cancelled & queued_ids:
+                for ch in children:
+                    waiting.put(ch.take_back(), now)
+                for c in waiting.units():
+                    if isinstance(c, TaskClaim) and c.task_id in cancelled:
+                        waiting.remove(c)
+                        self._cancel_waiting(c)
+            for task_id in cancelled:
+                ch = running.get(task_id)
+                unit = ch.running() if ch is not None else None
+                if ch is None or unit is None or not isinstance(unit[0], TaskClaim):
+                    continue  # it finished meanwhile
+                self._stop(ch, unit[0], stop, TaskStatus.CANCELLED, FailureInfo(
                     CANCELLED, "the task was cancelled while it ran and its process was "
                     "stopped"))
         if now >= self._next["schedule"] and self.scheduler.schedules:
@@ -81,13 +95,12 @@ class TaskWork:
             self._next["prune"] = now + PRUNE_POLL
             self._prune()
 
-    def _stop(self, ch: Child, stop: Callable[[Child], None], status: TaskStatus,
-              info: FailureInfo) -> None:
+    def _stop(self, ch: Child, c: TaskClaim, stop: Callable[[Child, TaskClaim], bool],
+              status: TaskStatus, info: FailureInfo) -> None:
         from ..task_runner import record_stopped
 
-        c = ch.claim
-        assert isinstance(c, TaskClaim)
-        stop(ch)  # the child is killed and forgotten before its unit is recorded
+        if not stop(ch, c):  # killed and forgotten before its unit is recorded
+            return  # it finished meanwhile
         record_stopped(c.task_path, c, info, status=status)
         log_event(logging.WARNING, "cancelled" if status == TaskStatus.CANCELLED else
                   "timed_out", task=c.task_path, id=c.task_id, attempt=c.attempt,

@@ -9,23 +9,27 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ..claims import store, taskstore
 from ..claims.store import Claim, Claimant, FailureInfo
 from ..claims.taskstore import TaskClaim
+from ..completions import Kept
 from ..logs import log_event, logger
 
 type Unit = Claim | TaskClaim
 
 
-def run(c: Unit) -> Any:
+def run(c: Unit, keep: Callable[[Kept], None] | None = None) -> Any:
+    """Run a unit and record its outcome; returns the ``Result``, or None for a task whose
+    success went to ``keep`` to be recorded later (``completions``)."""
     if logger.isEnabledFor(logging.DEBUG):
         log_event(logging.DEBUG, "started", **describe(c), pid=os.getpid())
     if isinstance(c, TaskClaim):
         from ..task_runner import run_task
 
-        return run_task(c)
+        return run_task(c, keep)
     from ..runner import run as run_execution
 
     return run_execution(c)

@@ -1,0 +1,151 @@
+"""Successful tasks a child records together: one statement for several tasks.
+
+A child that runs a batch of short tasks would otherwise wait for one UPDATE and one commit
+per task, longer than most tasks take. Here a successful task is kept (``add``) and the
+child records what it kept in one ``taskstore.succeed_many`` (``flush``) when its batch is
+through, before it reports the batch to the supervisor (which renews the leases meanwhile).
+What follows a record (the ``on_success`` callback, ``task_finished``, the log line) comes
+after it, in the child's main thread, as for a task recorded on its own.
+
+A task that runs long must not hold back what finished before it: after ``PATIENCE``
+seconds of one task, a thread of the child records what was kept (on a connection of its
+own, opened the first time). So what a child loses when it dies, or is stopped because a
+task timed out or was cancelled, is at most a few milliseconds of finished tasks, which
+then run again: the at-least-once of a child that dies between a task's end and its record.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from .claims import taskstore
+from .claims.taskstore import TaskClaim
+
+#: Seconds one task may run before the tasks that finished before it are recorded.
+PATIENCE = 0.005
+#: Most tasks kept before they are recorded, however short they are.
+MOST = 100
+
+
+@dataclass(slots=True)
+class Kept:
+    """A task that succeeded and is not recorded yet. ``after`` is called once it is (with
+    True) or once it turned out lost (False: taken over, cancelled, its lease expired) and
+    returns what to report; ``tag`` is the caller's."""
+    claim: TaskClaim
+    value: Any
+    finished_at: datetime
+    after: Callable[[bool], Any]
+    tag: Any = None
+
+
+class Completions:
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._kept: list[Kept] = []
+        self._recorded: list[tuple[Kept, bool]] = []
+        self._cond = threading.Condition()
+        self._busy_since: float | None = None
+        self._writing = False
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def add(self, kept: Kept) -> None:
+        with self._cond:
+            self._kept.append(kept)
+
+    def due(self) -> bool:
+        """Whether so many are kept that they should be recorded before the next task."""
+        return len(self._kept) >= MOST
+
+    def started(self) -> None:
+        """The main thread starts a task: what is kept gets recorded if it runs long."""
+        if not self._kept:
+            return
+        with self._cond:
+            self._busy_since = time.monotonic()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._record_behind, name="dbworker-completions", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def finished(self) -> None:
+        self._busy_since = None
+
+    def flush(self) -> list[tuple[Kept, bool | Exception]]:
+        """Record everything kept (after the thread, if it is recording): each kept task
+        with True (recorded), False (lost) or the database error that stopped its record.
+        The caller runs each one's ``after``, in the order they were kept."""
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            kept, self._kept = self._kept, []
+            done: list[tuple[Kept, bool | Exception]] = [*self._recorded]
+            self._recorded = []
+        if kept:
+            try:
+                ids = taskstore.succeed_many([(k.claim, k.value, k.finished_at) for k in kept])
+            except DatabaseError as exc:
+                return done + [(k, exc) for k in kept]
+            done += [(k, k.claim.task_id in ids) for k in kept]
+        return done
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    # ----- the thread -------------------------------------------------------------
+
+    def _record_behind(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._closing and not self._overdue():
+                        self._cond.wait(self._wait_for())
+                    if self._closing:
+                        return
+                    kept, self._kept = self._kept, []
+                    self._writing = True
+                try:
+                    ids = taskstore.succeed_many(
+                        [(k.claim, k.value, k.finished_at) for k in kept])
+                    outcome: list[tuple[Kept, bool]] = [
+                        (k, k.claim.task_id in ids) for k in kept]
+                except Exception:  # left to the main thread's flush; a thread anew later
+                    connections[self.using].close()
+                    with self._cond:
+                        self._kept = kept + self._kept
+                        self._writing = False
+                        self._thread = None
+                        self._cond.notify_all()
+                    return
+                with self._cond:
+                    self._recorded += outcome
+                    self._writing = False
+                    self._cond.notify_all()
+        finally:
+            connections[self.using].close()
+
+    def _overdue(self) -> bool:
+        since = self._busy_since
+        return bool(self._kept) and since is not None and time.monotonic() - since >= PATIENCE
+
+    def _wait_for(self) -> float | None:
+        since = self._busy_since
+        if not self._kept or since is None:
+            return None
+        return max(0.0, since + PATIENCE - time.monotonic())

@@ -1,0 +1,191 @@
+"""Units sent to children in batches (``supervisor/handoff.py``) and successful tasks
+recorded together (``completions.py``, ``taskstore.succeed_many``)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+import time
+
+import pytest
+from django.db import transaction
+
+import django_dbworker
+from django_dbworker import completions
+from django_dbworker.claims import store, taskstore
+from django_dbworker.completions import Completions, Kept
+from django_dbworker.models import TaskRecord, TaskStatus
+from django_dbworker.supervisor.handoff import Handoff
+from django_dbworker.supervisor.prefetch import Prefetch
+from tests.conftest import wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_unit_taken_back_never_starts_and_one_started_is_not_taken_back():
+    handoff = Handoff(multiprocessing.get_context("fork"))
+    assert handoff.running() is None and handoff.started() == -1
+    assert handoff.start(0)
+    seq, since = handoff.running()
+    assert seq == 0 and since <= time.monotonic()
+    # Units 1-3 were sent; the supervisor takes back what has not started.
+    assert handoff.take_back(4) == 0, "unit 0 runs: 1, 2 and 3 are taken back"
+    handoff.finish(0)
+    assert handoff.running() is None
+    assert not any(handoff.start(seq) for seq in (1, 2, 3)), "taken back: never started"
+    assert handoff.start(4), "units sent after the take-back run"
+    assert handoff.running()[0] == 4
+
+
+def test_a_child_and_its_supervisor_never_both_have_a_unit():
+    """Two processes race for 2,000 units: the child starts each unit once it was sent,
+    the parent sends 5 at a time and every 20 takes back whatever has not started: every
+    unit ends on exactly one side."""
+    context = multiprocessing.get_context("fork")
+    handoff = Handoff(context)
+    started = context.Array("b", 2000)
+    sent = context.Value("i", 0)
+
+    def child() -> None:
+        for seq in range(2000):
+            while sent.value <= seq:
+                pass
+            if handoff.start(seq):
+                started[seq] = 1
+                handoff.finish(seq)
+
+    process = context.Process(target=child)
+    process.start()
+    taken_back: set[int] = set()
+    for upto in range(5, 2001, 5):
+        sent.value = upto
+        deadline = time.monotonic() + 0.01
+        while handoff.started() < upto - 3 and time.monotonic() < deadline:
+            pass  # let the child get close to the end of what it has
+        if upto % 20 == 0:
+            last = handoff.take_back(upto)
+            taken_back |= set(range(last + 1, upto))
+    process.join(30)
+    ran = {seq for seq in range(2000) if started[seq]}
+    assert not ran & taken_back
+    assert ran | taken_back == set(range(2000))
+    assert ran and taken_back, "both sides got some (else the race did not happen)"
+
+
+def test_depth_follows_the_run_time_of_recent_units():
+    p = Prefetch(per_child=4, concurrency=2, lease=30)
+    assert p.depth() == 1, "nothing is known yet: one unit at a time"
+    p.ran(0.001)
+    assert p.depth() == 5, "short units: the running one and PREFETCH more"
+    p.average = 0.02
+    assert p.depth() == 1 + 2, "as many as run in about WAIT (50 ms)"
+    p.average = 1.0
+    assert p.depth() == 1
+    assert Prefetch(per_child=0, concurrency=2, lease=30).depth() == 1
+    assert p.patience() == 1.0, "at most HOLD"
+    p.average = 0.0001
+    assert p.patience() == pytest.approx(0.01), "at least 10 ms"
+
+
+def claimed(n: int) -> list[taskstore.TaskClaim]:
+    tasks.add.enqueue_many([((i, i), {}) for i in range(n)])
+    return taskstore.claim(None, n, store.Claimant(), 30)
+
+
+def test_succeed_many_records_each_live_claim_and_only_those():
+    one, two, three, four = claimed(4)
+    TaskRecord.objects.filter(pk=two.task_id).update(token=None)  # taken over meanwhile
+    django_dbworker.cancel(three.task_id)  # cancelling a running task: still RUNNING
+    recorded = taskstore.succeed_many([
+        (one, {"nested": [1, "é\t\\"]}, one.claimed_at),
+        (two, 2, two.claimed_at),
+        (three, None, three.claimed_at),
+        (four, None, four.claimed_at),
+    ])
+    assert recorded == {one.task_id, three.task_id, four.task_id}
+    rows = {r.pk: r for r in TaskRecord.objects.all()}
+    assert rows[one.task_id].return_value == {"nested": [1, "é\t\\"]}
+    assert rows[one.task_id].finished_at == one.claimed_at
+    assert rows[one.task_id].token is None and rows[one.task_id].lease_expires_at is None
+    assert rows[two.task_id].status == TaskStatus.RUNNING, "fenced: left alone"
+    assert rows[four.task_id].status == TaskStatus.SUCCESSFUL
+    assert rows[four.task_id].return_value is None
+    assert taskstore.succeed_many([(one, 1, one.claimed_at)]) == set(), "only once"
+    assert taskstore.succeed_many([]) == set()
+
+
+def test_completions_record_together_and_report_in_order():
+    claims = claimed(3)
+    after: list[tuple[int, bool]] = []
+    kept = Completions("default")
+    TaskRecord.objects.filter(pk=claims[1].task_id).update(token=None)
+    for i, c in enumerate(claims):
+        kept.add(Kept(c, i * 10, c.claimed_at, lambda ok, i=i: after.append((i, ok)), tag=i))
+    assert len(kept) == 3
+    done = kept.flush()
+    assert [(k.tag, ok) for k, ok in done] == [(0, True), (1, False), (2, True)]
+    assert list(TaskRecord.objects.filter(status=TaskStatus.SUCCESSFUL)
+                .order_by("return_value").values_list("return_value", flat=True)) == [0, 20]
+    assert after == [], "what follows a record is the caller's to run"
+    assert kept.flush() == []
+    kept.close()
+
+
+def test_a_long_task_does_not_hold_back_the_records_of_those_before_it():
+    claims = claimed(2)
+    kept = Completions("default")
+    try:
+        for c in claims:
+            kept.add(Kept(c, "done", c.claimed_at, lambda ok: ok))
+        kept.started()  # the next task starts and runs long
+        wait_for(lambda: TaskRecord.objects.filter(status=TaskStatus.SUCCESSFUL).count() == 2,
+                 timeout=5, what="the thread to record the tasks kept")
+        kept.finished()
+        assert [ok for _, ok in kept.flush()] == [True, True], "reported once, as recorded"
+    finally:
+        kept.close()
+    assert not any(t.name == "dbworker-completions" for t in threading.enumerate())
+
+
+def test_short_tasks_are_recorded_after_the_task_that_follows_them():
+    (c,) = claimed(1)
+    kept = Completions("default")
+    kept.add(Kept(c, 1, c.claimed_at, lambda ok: ok))
+    kept.started()
+    kept.finished()  # the next task took less than PATIENCE
+    time.sleep(completions.PATIENCE * 4)
+    assert TaskRecord.objects.get(pk=c.task_id).status == TaskStatus.RUNNING, "kept"
+    assert [ok for _, ok in kept.flush()] == [True]
+    kept.close()
+
+
+@pytest.mark.processes
+def test_cancelling_a_task_does_not_run_again_the_tasks_before_it(runworkers, tmp_path):
+    """Quick tasks sent in one batch with a task that then runs until it is cancelled:
+    its child is killed, and the quick ones it ran before are recorded once, never run
+    again."""
+    tasks.chaos_effect.enqueue_many([((n,), {}) for n in range(40)])  # short: batches
+    p = runworkers("--concurrency", "1", "--queue", "default", "--verbosity", "2")
+    wait_for(lambda: Effect.objects.filter(worker="chaos_task").count() == 40,
+             what="the warm-up tasks")
+    with transaction.atomic():  # seen at once: claimed and sent together
+        quick = tasks.chaos_effect.enqueue_many([((n,), {}) for n in range(100, 103)])
+        stuck = tasks.wait_file.enqueue(1, str(tmp_path / "never"))
+        after = tasks.chaos_effect.enqueue_many([((n,), {}) for n in range(200, 203)])
+    wait_for(lambda: Effect.objects.filter(worker="wait_file").exists(),
+             what="the task that waits to start")
+    assert django_dbworker.cancel(stuck.id)
+    wait_for(lambda: TaskRecord.objects.get(pk=stuck.id).status == TaskStatus.CANCELLED,
+             timeout=10, what="the cancel")
+    ids = [r.id for r in [*quick, *after]]
+    wait_for(lambda: TaskRecord.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL)
+             .count() == 6, timeout=30, what="the quick tasks")
+    p.signal(signal.SIGTERM)
+    assert p.wait(30) == 0, p.output()
+    runs = {n: Effect.objects.filter(worker="chaos_task", item_id=n).count()
+            for n in [100, 101, 102, 200, 201, 202]}
+    assert runs == dict.fromkeys(runs, 1), runs
+    assert set(TaskRecord.objects.filter(pk__in=ids).values_list("attempts", flat=True)) == {1}
