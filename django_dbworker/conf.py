@@ -38,9 +38,10 @@ class Config:
     SWEEP_BATCH: int = 1000
     #: Child processes per supervisor when ``runworkers --concurrency`` is not given.
     CONCURRENCY: int = max(os.cpu_count() or 1, 1)
-    #: Units per child the supervisor may claim ahead of free children, while recent units
-    #: ran briefly (0: claim only for free children). See supervisor/prefetch.py.
-    PREFETCH: int = 4
+    #: Units per child the supervisor may claim ahead of free children, and a child's batch
+    #: size minus one, while recent units ran briefly (0: one unit at a time, claimed for
+    #: free children only). See supervisor/prefetch.py.
+    PREFETCH: int = 16
     #: Units a child runs before it is replaced (``None``: never replaced).
     MAX_TASKS_PER_CHILD: int | None = None
     #: Seconds a SQLite connection waits for the write lock before giving up.

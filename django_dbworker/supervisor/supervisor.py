@@ -156,14 +156,18 @@ class Supervisor:
         return bool(len(self.prefetch)) or any(ch.sent for ch in self.children)
 
     def _room(self, ch: Child) -> int:
-        """How many units to send ``ch`` now: it is topped up to ``Prefetch.depth`` once
-        it holds half of that or less (a batch per message, not a unit)."""
+        """How many units to send ``ch`` now: a batch of ``Prefetch.depth`` units once it
+        holds one batch or less, so the next batch waits in its pipe while it runs one (a
+        child reports a batch when it is through). One unit at a time while units are not
+        known to be short."""
         if ch.retiring or ch.stopping or ch.process.exitcode is not None:
             return 0
         if ch.sent and self._stuck(ch, time.monotonic()):
             return 0
         depth = self.prefetch.depth()
-        return depth - len(ch.sent) if len(ch.sent) <= depth // 2 else 0
+        if depth == 1:
+            return 0 if ch.sent else 1
+        return depth if len(ch.sent) <= depth else 0
 
     def _feed(self) -> int:
         """Send each child with room units claimed ahead; returns the room left."""
