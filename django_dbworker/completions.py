@@ -55,6 +55,8 @@ class Completions:
         self._busy_since: float | None = None
         self._writing = False
         self._closing = False
+        #: The thread waits with no deadline: only a notify wakes it.
+        self._idle = False
         self._thread: threading.Thread | None = None
 
     def __len__(self) -> int:
@@ -69,16 +71,21 @@ class Completions:
         return len(self._kept) >= MOST
 
     def started(self) -> None:
-        """The main thread starts a task: what is kept gets recorded if it runs long."""
+        """The main thread starts a task: what is kept gets recorded if it runs long.
+
+        No lock and no wake-up per task while the thread waits for a deadline anyway (it
+        looks at the start time again when it wakes): only when it waits for nothing."""
         if not self._kept:
             return
-        with self._cond:
-            self._busy_since = time.monotonic()
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._record_behind, name="dbworker-completions", daemon=True)
-                self._thread.start()
-            self._cond.notify()
+        self._busy_since = time.monotonic()
+        if self._thread is None or self._idle:
+            with self._cond:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._record_behind, name="dbworker-completions",
+                        daemon=True)
+                    self._thread.start()
+                self._cond.notify()
 
     def finished(self) -> None:
         self._busy_since = None
@@ -115,7 +122,12 @@ class Completions:
             while True:
                 with self._cond:
                     while not self._closing and not self._overdue():
-                        self._cond.wait(self._wait_for())
+                        # Idle first, then the start time: a task that starts in between
+                        # sees the thread idle and wakes it.
+                        self._idle = True
+                        self._idle = (timeout := self._wait_for()) is None
+                        self._cond.wait(timeout)
+                    self._idle = False
                     if self._closing:
                         return
                     kept, self._kept = self._kept, []
