@@ -23,10 +23,11 @@ class Config:
     #: PostgreSQL: NOTIFY on new work and LISTEN in supervisors (turn off behind a
     #: transaction-pooling PgBouncer, which cannot LISTEN; polling remains).
     NOTIFY: bool = True
-    #: PostgreSQL: our own status statements (claims, task completions) commit without
-    #: waiting for the WAL flush (``synchronous_commit = off`` for their transaction only).
-    #: A database crash may forget the last fraction of a second of them: those units run
-    #: again, as after a lost lease. Handler transactions always wait. See docs/operating.md.
+    #: PostgreSQL: our own status statements (claims, task completions, row completions in
+    #: a transaction that wrote nothing else) commit without waiting for the WAL flush
+    #: (``synchronous_commit = off`` for their transaction only). A database crash may
+    #: forget the last fraction of a second of them: those units run again, as after a lost
+    #: lease. A handler's writes always wait. See docs/operations.md.
     ASYNC_COMMIT: bool = True
     #: Seconds running handlers get to finish after SIGTERM before they are cut off.
     GRACE_PERIOD: float = 30.0

@@ -150,6 +150,31 @@ def execute_status(cursor: Any, sql: str, params: Sequence[Any]) -> None:
         cursor.execute(sql, params)
 
 
+#: Sent before a row's completion on PostgreSQL: no WAL flush at COMMIT for a transaction
+#: that wrote nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a
+#: transaction writes). ``set_config(..., true)`` is ``SET LOCAL``.
+_STATUS_ONLY = ("SELECT set_config('synchronous_commit', 'off', true) "
+                "WHERE pg_current_xact_id_if_assigned() IS NULL; ")
+
+
+def execute_completion(cursor: Any, sql: str, params: Sequence[Any]) -> None:
+    """Execute a row's completion: the last statement of the transaction the handler ran
+    in (transactional workers) or of its own (the others).
+
+    With ``DBWORKER["ASYNC_COMMIT"]`` on PostgreSQL, a transaction in which nothing was
+    written before the completion (the handler wrote nothing to the database, or ran
+    before it: ``transactional=False``) commits without waiting for the WAL flush, as a
+    task's completion does: a database crash may lose the status and the unit runs again;
+    it never loses a write of the handler's, whose transactions still wait. Tested in the
+    same query as the UPDATE (one round trip). The cursor is left at the UPDATE's result.
+    """
+    if _async_commit(cursor):
+        cursor.execute(_STATUS_ONLY + sql, params)
+        cursor.nextset()
+    else:
+        cursor.execute(sql, params)
+
+
 def _async_commit(cursor: Any) -> bool:
     if cursor.db.vendor != "postgresql" or not conf.get().ASYNC_COMMIT:
         return False

@@ -427,3 +427,38 @@ def test_task_claims_walk_an_index_without_sorting(vendor, queues, indexes):
             plan = "\n".join(row[-1] for row in cursor.fetchall())
             assert any(f"USING INDEX {index} " in plan for index in indexes), plan
             assert "TEMP B-TREE" not in plan, plan
+
+
+def test_a_completion_commits_without_the_wal_flush_only_after_no_write(vendor, settings):
+    """A row's completion on PostgreSQL: if nothing was written before it in its
+    transaction, the commit does not wait for the WAL flush; after a write of the
+    handler's, it does (ASYNC_COMMIT); never with ASYNC_COMMIT off."""
+    from django.db import transaction
+
+    from django_dbworker.outcomes import Finished
+
+    def synchronous_after(write: bool) -> str:
+        item = Item.objects.create()
+        (c,) = [c for c in store.claim(workers["touch"], 5, store.Claimant(), 30)
+                if c.source_key == str(item.pk)]
+        with transaction.atomic():
+            if write:
+                Effect.objects.create(item_id=item.pk, worker="touch")
+            assert store.complete(c, Finished()) == 1
+            if vendor != "postgresql":
+                return "n/a"
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW synchronous_commit")
+                return cursor.fetchone()[0]
+
+    if vendor != "postgresql":
+        assert synchronous_after(write=False) == "n/a"
+        return
+    assert synchronous_after(write=False) == "off", "status only: no flush to wait for"
+    assert synchronous_after(write=True) == "on", "the handler's writes wait for the flush"
+    settings.DBWORKER = {**settings.DBWORKER, "ASYNC_COMMIT": False}
+    assert synchronous_after(write=False) == "on"
+    with connection.cursor() as cursor:  # SET LOCAL: it lasted only for the transaction
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone() == ("on",)
+    assert Execution.objects.filter(worker="touch", state=State.FINISHED).count() == 3

@@ -34,7 +34,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from .. import compiled, conf, keys
-from ..db import execute_status
+from ..db import execute_completion, execute_status
 from ..models import CLAIMABLE, Execution, Failure, State
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
@@ -249,7 +249,7 @@ def complete(c: Claim, outcome: Outcome) -> int:
     connection = connections[_alias()]
     sql, params = _completion(c, outcome, connection)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        execute_completion(cursor, sql, params)
         return cursor.rowcount
 
 
@@ -260,7 +260,7 @@ def complete_returning(c: Claim, outcome: Outcome, returning: str) -> list[tuple
     connection = connections[_alias()]
     sql, params = _completion(c, outcome, connection)
     with connection.cursor() as cursor:
-        cursor.execute(f"{sql} RETURNING {returning}", params)
+        execute_completion(cursor, f"{sql} RETURNING {returning}", params)
         return cursor.fetchall()
 
 
