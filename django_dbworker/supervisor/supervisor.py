@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import selectors
 import signal
 import socket
 import time
@@ -437,11 +438,14 @@ class Supervisor:
         if not self.commits.active or timeout <= step:
             return wait(handles, timeout)
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            ready = wait(handles, max(0.0, min(step, left)))
-            if ready or left <= step or self.commits.changed():
-                return ready
+        with selectors.DefaultSelector() as selector:  # one for all the steps
+            for handle in handles:
+                selector.register(handle, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                ready = [key.fileobj for key, _ in selector.select(max(0.0, min(step, left)))]
+                if ready or left <= step or self.commits.changed():
+                    return ready
 
     def _read(self, ch: Child) -> None:
         try:
