@@ -27,6 +27,7 @@ from django.db import DatabaseError, connections
 
 from .claims import taskstore
 from .claims.taskstore import TaskClaim
+from .db import use_immediate_transactions
 
 #: Seconds one task may run before the tasks that finished before it are recorded.
 PATIENCE = 0.005
@@ -118,6 +119,7 @@ class Completions:
     # ----- the thread -------------------------------------------------------------
 
     def _record_behind(self) -> None:
+        use_immediate_transactions(self.using)  # this thread's connection is its own
         try:
             while True:
                 with self._cond:
