@@ -440,22 +440,32 @@ ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 
 
 def statement_only(sql: str) -> tuple[str, bool]:
-    """``sql`` without the ``ASYNC_COMMIT`` prefix; whether it had it."""
-    prefix = ASYNC_COMMIT + "; "
-    return (sql[len(prefix):], True) if sql.startswith(prefix) else (sql, False)
+    """``sql`` without the ``ASYNC_COMMIT`` prefix (or ``db.STATUS_ONLY``, its variant for
+    a row's completion: the same in a transaction that wrote nothing before); whether it
+    had one."""
+    from django_dbworker.db import STATUS_ONLY
+
+    for prefix in (ASYNC_COMMIT + "; ", STATUS_ONLY):
+        if sql.startswith(prefix):
+            return sql[len(prefix):], True
+    return sql, False
 
 
 class Keep:
-    """An execute_wrapper that keeps each statement instead of sending it."""
+    """An execute_wrapper that keeps each statement instead of sending it (an empty result
+    goes in its place, for each statement of the query, so the caller can fetch)."""
 
     def __init__(self) -> None:
         self.statements: list[tuple[str, Any]] = []
 
     def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool,
-                 context: Any) -> None:
+                 context: Any) -> Any:
         if many:
             raise RuntimeError("the completion sent an executemany of its own")
         self.statements.append((sql, params))
+        empty = "SELECT 1 WHERE false"
+        return execute("; ".join([empty] * (1 + statement_only(sql)[1])), None, False,
+                       context)
 
 
 class Seen:

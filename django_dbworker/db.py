@@ -194,7 +194,7 @@ def execute_status(cursor: Any, sql: str, params: Sequence[Any]) -> None:
 #: Sent before a row's completion on PostgreSQL: no WAL flush at COMMIT for a transaction
 #: that wrote nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a
 #: transaction writes). ``set_config(..., true)`` is ``SET LOCAL``.
-_STATUS_ONLY = ("SELECT set_config('synchronous_commit', 'off', true) "
+STATUS_ONLY = ("SELECT set_config('synchronous_commit', 'off', true) "
                 "WHERE pg_current_xact_id_if_assigned() IS NULL; ")
 
 
@@ -210,7 +210,7 @@ def execute_completion(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     same query as the UPDATE (one round trip). The cursor is left at the UPDATE's result.
     """
     if _async_commit(cursor):
-        cursor.execute(_STATUS_ONLY + sql, params)
+        cursor.execute(STATUS_ONLY + sql, params)
         cursor.nextset()
     else:
         cursor.execute(sql, params)
