@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -73,7 +74,7 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
             if not recorded:
                 return _result(c, LOST, started, LOST_WHY, ran=ran)
             _callback(task, "on_success", c, value)
-            _finished_signal(task, c, _succeeded(row, value, finished, unit))
+            _finished_signal(task, c, result=_succeeded(result, value, finished, unit))
             return _result(c, SUCCESSFUL, started, ran=ran)
 
         if keep is not None:
@@ -162,23 +163,31 @@ def _callback(task: Any, name: str, c: TaskClaim, value: Any) -> None:
                   callback=name, error=f"{type(exc).__name__}: {exc}")
 
 
-def _succeeded(row: Any, value: Any, finished: Any, unit: progress.Unit) -> Any:
-    """The task row as ``succeed`` left it, without reading it again: nothing else writes a
-    RUNNING row but this process (its progress through ``set_progress``, noted in ``unit``)."""
-    row.status, row.return_value, row.finished_at = TaskStatus.SUCCESSFUL, value, finished
-    row.token = row.lease_expires_at = None
+def _succeeded(running: Any, value: Any, finished: Any, unit: progress.Unit) -> Any:
+    """The task's result as ``succeed`` left its row, made from its result while it ran
+    (not read again, not built again): nothing else writes a RUNNING row but this process
+    (its progress through ``set_progress``, noted in ``unit``)."""
+    done = copy.copy(running)
+    put = object.__setattr__
+    put(done, "status", TaskResultStatus.SUCCESSFUL)
+    put(done, "dbworker_status", TaskStatus.SUCCESSFUL)
+    put(done, "finished_at", finished)
+    put(done, "_return_value", value)
     if unit.percent is not None:
-        row.progress, row.progress_message = unit.percent, unit.message
-    return row
+        put(done, "progress", unit.percent)
+        put(done, "progress_message", unit.message)
+    return done
 
 
-def _finished_signal(task: Any, c: TaskClaim, row: Any = None) -> None:
-    """Send ``task_finished`` with the task's final result (``row``: as stored; else read)."""
-    if row is None:
-        row = taskstore.get(c.task_id)
-    if row is None:
-        return
-    result = to_result(row, task.backend, task)
+def _finished_signal(task: Any, c: TaskClaim, row: Any = None, result: Any = None) -> None:
+    """Send ``task_finished`` with the task's final result (``result``; else made from
+    ``row``, as stored; else from the row read now)."""
+    if result is None:
+        if row is None:
+            row = taskstore.get(c.task_id)
+        if row is None:
+            return
+        result = to_result(row, task.backend, task)
     if result.status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
         task_finished.send(type(task.get_backend()), task_result=result)
 

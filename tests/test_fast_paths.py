@@ -372,6 +372,12 @@ def test_finished_signal_carries_the_progress_recorded_while_running():
     assert finished.progress == stored.progress == 50
     assert finished.progress_message == stored.progress_message == "half way"
     assert finished.finished_at == stored.finished_at and finished.return_value == "done"
+    # Made from the running task's result, not read again: the same as reading it now.
+    fresh = default_task_backend.get_result(result.id)
+    for name in ("id", "status", "enqueued_at", "started_at", "finished_at",
+                 "last_attempted_at", "args", "kwargs", "errors", "worker_ids",
+                 "dbworker_status", "progress", "progress_message", "return_value"):
+        assert getattr(finished, name) == getattr(fresh, name), name
 
 
 # ----- SQLite plans -------------------------------------------------------------------------
