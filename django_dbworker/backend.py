@@ -192,14 +192,15 @@ class DBWorkerBackend(BaseTaskBackend):
         if on_commit:
             def insert() -> None:
                 stored = taskstore.insert(rows, idempotency_key=key, payload=payload)
-                send_enqueued(type(self), [self.result(row, task) for row in stored])
+                if key is None or _inserted(stored[0], rows[0]):
+                    send_enqueued(type(self), [self.result(row, task) for row in stored])
 
             transaction.on_commit(insert, using=using)
             return new_results(rows, self.alias, task)
         stored = taskstore.insert(rows, idempotency_key=key, payload=payload)
         if key is not None:  # the row holding the key: ours, or one enqueued before
             results = [self.result(row, task) for row in stored]
-            fresh = str(stored[0].pk) == rows[0].pk
+            fresh = _inserted(stored[0], rows[0])
         else:
             results, fresh = new_results(rows, self.alias, task), True
         if fresh:
@@ -229,6 +230,12 @@ class DBWorkerBackend(BaseTaskBackend):
                 hint="Add 'django_dbworker' to INSTALLED_APPS and run migrate.",
                 id="django_dbworker.E010",
             )
+
+
+def _inserted(stored: Any, new: Any) -> bool:
+    """Whether the row holding an idempotency key is the one this call enqueued. Its id
+    cannot tell (it is made from the key); the time of the enqueue call it came from can."""
+    return str(stored.pk) == new.pk and stored.enqueued_at == new.enqueued_at
 
 
 def send_enqueued(sender: type, results: list[TaskResult]) -> None:

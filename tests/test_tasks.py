@@ -325,6 +325,28 @@ def test_idempotency_key_returns_the_existing_result():
     assert after.id == first.id and after.return_value == 3
 
 
+def test_task_enqueued_is_sent_for_the_call_that_stored_a_keyed_task_only():
+    from django.tasks.signals import task_enqueued
+
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append(task_result.id)
+
+    task_enqueued.connect(receiver)
+    try:
+        first = tasks.add.using(idempotency_key="k-signal").enqueue(1, 2)
+        tasks.add.using(idempotency_key="k-signal").enqueue(1, 2)
+        with transaction.atomic():
+            tasks.add.using(idempotency_key="k-signal", enqueue_on_commit=True).enqueue(1, 2)
+        with transaction.atomic():
+            other = tasks.add.using(idempotency_key="k-other",
+                                    enqueue_on_commit=True).enqueue(3, 4)
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert seen == [first.id, other.id], "once per stored task, not per call"
+
+
 def test_idempotency_key_with_enqueue_on_commit_names_the_stored_task():
     first = tasks.add.using(idempotency_key="k-commit").enqueue(1, 2)
     with transaction.atomic():
