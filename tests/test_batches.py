@@ -189,3 +189,30 @@ def test_cancelling_a_task_does_not_run_again_the_tasks_before_it(runworkers, tm
             for n in [100, 101, 102, 200, 201, 202]}
     assert runs == dict.fromkeys(runs, 1), runs
     assert set(TaskRecord.objects.filter(pk__in=ids).values_list("attempts", flat=True)) == {1}
+
+
+def test_a_cancel_stops_the_task_asked_for_not_the_one_its_child_ran_next():
+    """Between the look at what runs and the cancel, the child finished the cancelled
+    task and started the next one: nothing is stopped."""
+    from django_dbworker import conf
+    from django_dbworker.supervisor.taskwork import TaskWork
+
+    first, second = claimed(2)
+    assert django_dbworker.cancel(first.task_id)
+
+    class Child:
+        pid = 1
+        seen = iter([(first, time.monotonic()), (second, time.monotonic())])
+
+        def running(self):
+            return next(self.seen, (second, time.monotonic()))
+
+        def waiting(self):
+            return []
+
+    stopped = []
+    work = TaskWork(None, conf.get(), store.Claimant(), schedule=False)
+    work.maintain([Child()], lambda ch, c: stopped.append(c) or True,
+                  Prefetch(per_child=4, concurrency=1, lease=30))
+    assert stopped == []
+    assert TaskRecord.objects.get(pk=second.task_id).status == TaskStatus.RUNNING

@@ -83,8 +83,9 @@ class TaskWork:
             for task_id in cancelled:
                 ch = running.get(task_id)
                 unit = ch.running() if ch is not None else None
-                if ch is None or unit is None or not isinstance(unit[0], TaskClaim):
-                    continue  # it finished meanwhile
+                if ch is None or unit is None or not isinstance(unit[0], TaskClaim) \
+                        or unit[0].task_id != task_id:
+                    continue  # it finished meanwhile (its child may run the next one)
                 self._stop(ch, unit[0], stop, TaskStatus.CANCELLED, FailureInfo(
                     CANCELLED, "the task was cancelled while it ran and its process was "
                     "stopped"))
