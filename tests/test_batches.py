@@ -4,6 +4,7 @@ recorded together (``completions.py``, ``taskstore.succeed_many``)."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -216,3 +217,22 @@ def test_a_cancel_stops_the_task_asked_for_not_the_one_its_child_ran_next():
                   Prefetch(per_child=4, concurrency=1, lease=30))
     assert stopped == []
     assert TaskRecord.objects.get(pk=second.task_id).status == TaskStatus.RUNNING
+
+
+def test_a_child_killed_while_it_holds_the_lock_does_not_hang_its_supervisor():
+    context = multiprocessing.get_context("fork")
+    handoff = Handoff(context)
+    assert handoff.start(0)
+    handoff.finish(0)
+
+    def die_holding_the_lock() -> None:
+        handoff._lock.acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    process = context.Process(target=die_holding_the_lock)
+    process.start()
+    process.join(10)
+    started = time.monotonic()
+    assert handoff.started() == 0 and handoff.running() is None
+    assert handoff.take_back(5) == 0
+    assert time.monotonic() - started < 5, "each read waited LOCK_WAIT at most"
