@@ -181,21 +181,14 @@ def execute_status(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     Elsewhere, and with server-side binding, the statement runs as it is. The cursor is
     left at the statement's own result.
     """
-    if _async_commit(cursor):
-        cursor.execute("SET LOCAL synchronous_commit = off; " + sql, params)
-        cursor.nextset()
-    elif cursor.db.vendor == "sqlite" and cursor.db.get_autocommit() \
-            and getattr(cursor.db, "_dbworker_short_waits", False):
-        _with_short_waits(cursor.db, lambda: cursor.execute(sql, params))
-    else:
-        cursor.execute(sql, params)
+    _execute(cursor, "SET LOCAL synchronous_commit = off; ", sql, params)
 
 
 #: Sent before a row's completion on PostgreSQL: no WAL flush at COMMIT for a transaction
 #: that wrote nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a
 #: transaction writes). ``set_config(..., true)`` is ``SET LOCAL``.
 STATUS_ONLY = ("SELECT set_config('synchronous_commit', 'off', true) "
-                "WHERE pg_current_xact_id_if_assigned() IS NULL; ")
+               "WHERE pg_current_xact_id_if_assigned() IS NULL; ")
 
 
 def execute_completion(cursor: Any, sql: str, params: Sequence[Any]) -> None:
@@ -209,9 +202,19 @@ def execute_completion(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     it never loses a write of the handler's, whose transactions still wait. Tested in the
     same query as the UPDATE (one round trip). The cursor is left at the UPDATE's result.
     """
+    _execute(cursor, STATUS_ONLY, sql, params)
+
+
+def _execute(cursor: Any, asynchronous: str, sql: str, params: Sequence[Any]) -> None:
+    """``sql`` preceded in the same query by ``asynchronous`` where it applies (see
+    ``_async_commit``; the cursor is left at ``sql``'s result); on SQLite in autocommit,
+    with short waits for the write lock."""
     if _async_commit(cursor):
-        cursor.execute(STATUS_ONLY + sql, params)
+        cursor.execute(asynchronous + sql, params)
         cursor.nextset()
+    elif cursor.db.vendor == "sqlite" and cursor.db.get_autocommit() \
+            and getattr(cursor.db, "_dbworker_short_waits", False):
+        _with_short_waits(cursor.db, lambda: cursor.execute(sql, params))
     else:
         cursor.execute(sql, params)
 
