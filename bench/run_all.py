@@ -14,7 +14,9 @@ minutes once the virtualenvs exist). Each writes its own
 ``bench/results/<name>.json``; this script then writes ``bench/results/summary.json`` and
 ``bench/results/summary.md``: the figures next to the targets of issue 6 and, in the
 column "vs peers", next to the peers' figures of the same run (ours / theirs), with the
-machine and its load average. ``--quick`` runs fewer repetitions (for a smoke test, not figures).
+machine and its load average; the same table goes into README.md and bench/README.md,
+between the marker lines ``README_TABLES`` names. ``--quick`` runs fewer repetitions (for
+a smoke test, not figures).
 """
 
 from __future__ import annotations
@@ -85,6 +87,28 @@ def main() -> None:
     (benchlib.RESULTS / "summary.md").write_text(header + table + "\n")
     print(header + table)
     print(f"\nwritten: {Path('bench/results/summary.md')}, bench/results/summary.json")
+    if not args.quick:
+        for readme in README_TABLES:
+            put_table(readme, header + table)
+            print(f"written: the table in {readme.relative_to(benchlib.ROOT)}")
+
+
+#: Files that show the latest summary between the two ``MARKERS`` lines; run_all rewrites
+#: what is between them (not after --quick), so they cannot fall behind the results.
+README_TABLES = (benchlib.ROOT / "README.md", benchlib.BENCH / "README.md")
+MARKERS = ("<!-- bench/run_all.py writes the table below -->",
+           "<!-- bench/run_all.py writes the table above -->")
+
+
+def put_table(readme: Path, text: str) -> None:
+    """Replace what is between the markers in ``readme`` with ``text``."""
+    content = readme.read_text()
+    begin, end = (content.find(marker) for marker in MARKERS)
+    if begin < 0 or end < begin:
+        raise SystemExit(f"{readme}: the lines {MARKERS[0]!r} and {MARKERS[1]!r} are "
+                         "missing or out of order; put them around the summary table.")
+    begin += len(MARKERS[0])
+    readme.write_text(f"{content[:begin]}\n\n{text.strip()}\n\n{content[end:]}")
 
 
 def summary(found: dict[str, Any]) -> str:
