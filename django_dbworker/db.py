@@ -220,10 +220,56 @@ def _execute(cursor: Any, asynchronous: str, sql: str, params: Sequence[Any]) ->
 
 
 def _async_commit(cursor: Any) -> bool:
-    if cursor.db.vendor != "postgresql" or not conf.get().ASYNC_COMMIT:
+    return conf.get().ASYNC_COMMIT and _client_binding(cursor)
+
+
+def _client_binding(cursor: Any) -> bool:
+    """Whether ``cursor`` is psycopg 3's with client-side binding (Django's default): its
+    queries go with the simple protocol, so one query may hold several statements."""
+    if cursor.db.vendor != "postgresql":
         return False
     try:
         import psycopg
-    except ImportError:  # psycopg2: no nextset() to reach the statement's result
+    except ImportError:  # psycopg2: no nextset() to reach a statement's result
         return False
     return isinstance(cursor.cursor, psycopg.ClientCursor)
+
+
+def execute_first(cursor: Any, sql: str, params: Sequence[Any]) -> None:
+    """Execute ``sql`` as the first statement of the transaction ``transaction.atomic()``
+    just opened; the cursor is left at its result.
+
+    psycopg sends a transaction's BEGIN in a round trip of its own before the first
+    statement. With client-side binding it goes in the same query here (one round trip;
+    BEGIN as psycopg words it, with the connection's isolation level): a transactional
+    handler starts a round trip sooner, the most part of a millisecond when the database
+    was idle. Anywhere else, or when the transaction has begun, ``sql`` runs as it is.
+    """
+    raw = _beginning(cursor)
+    if raw is None:
+        cursor.execute(sql, params)
+        return
+    begin = raw._get_tx_start_command().decode()
+    raw._autocommit = True  # for this query only: psycopg would send its own BEGIN first
+    try:
+        cursor.execute(f"{begin}; {sql}", params)
+    finally:
+        raw._autocommit = False
+    cursor.nextset()
+
+
+def _beginning(cursor: Any) -> Any:
+    """The psycopg connection under ``cursor`` if its transaction is due to begin with the
+    next statement (out of autocommit, nothing sent yet, no pipeline); else None. psycopg's
+    private ``_autocommit`` and ``_get_tx_start_command`` are looked for, not assumed."""
+    if not _client_binding(cursor):
+        return None
+    from psycopg.pq import TransactionStatus
+
+    raw = cursor.db.connection
+    if (raw is None or raw.autocommit or getattr(raw, "_pipeline", None) is not None
+            or raw.pgconn.transaction_status != TransactionStatus.IDLE
+            or not isinstance(getattr(raw, "_autocommit", None), bool)
+            or not callable(getattr(raw, "_get_tx_start_command", None))):
+        return None
+    return raw

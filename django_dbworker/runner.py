@@ -84,11 +84,12 @@ def _context(worker: Worker, c: Claim) -> Context:
 
 
 def _source(worker: Worker, c: Claim, using: str, check: TransactionCheck | None = None) -> Any:
-    """The unit's source row; with ``check``, its transaction marker is read alongside."""
+    """The unit's source row; with ``check`` (in the transaction of a transactional
+    handler, as its first statement), its transaction marker is read alongside."""
     extra = check.annotations() if check is not None else None
     try:
         source = sources.get(worker.source, keys.from_key(worker.source, c.source_key), using,
-                             extra)
+                             extra, first=check is not None)
     except worker.source.DoesNotExist:
         raise _SourceGone from None
     if check is not None:

@@ -19,6 +19,7 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import connections, models
 
+from .db import execute_first
 from .keys import pk_field
 
 
@@ -35,11 +36,15 @@ class Reader:
     names: list[str]  # their attribute names, for Model.from_db
     annotations: dict[str, int]  # annotation name -> column
 
-    def read(self, model: type[models.Model], pk: Any, using: str) -> models.Model | None:
+    def read(self, model: type[models.Model], pk: Any, using: str,
+             first: bool = False) -> models.Model | None:
         params = list(self.params)
         params[self.slot] = pk
         with connections[using].cursor() as cursor:
-            cursor.execute(self.sql, params)
+            if first:
+                execute_first(cursor, self.sql, params)
+            else:
+                cursor.execute(self.sql, params)
             rows = cursor.fetchall()
         if not rows:
             return None
@@ -56,8 +61,11 @@ _readers: dict[Hashable, Reader | None] = {}
 
 
 def get(model: type[models.Model], pk: Any, using: str,
-        annotations: dict[str, Any] | None = None) -> models.Model:
-    """The row of ``model`` with primary key ``pk``; raises ``model.DoesNotExist``."""
+        annotations: dict[str, Any] | None = None, *, first: bool = False) -> models.Model:
+    """The row of ``model`` with primary key ``pk``; raises ``model.DoesNotExist``.
+
+    ``first``: the read is the first statement of the transaction just opened (its BEGIN
+    may go with it: ``db.execute_first``)."""
     manager = model._default_manager.db_manager(using)
     key = (using, connections[using].vendor, model, tuple(annotations or ()))
     if key not in _readers:
@@ -66,7 +74,7 @@ def get(model: type[models.Model], pk: Any, using: str,
     if reader is None:
         qs = manager.annotate(**annotations) if annotations else manager.all()
         return qs.get(pk=pk)
-    instance = reader.read(model, _prep(model, pk, using), using)
+    instance = reader.read(model, _prep(model, pk, using), using, first)
     if instance is None:
         raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
     return instance

@@ -468,3 +468,91 @@ def test_a_completion_commits_without_the_wal_flush_only_after_no_write(vendor, 
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone() == ("on",)
     assert Execution.objects.filter(worker="touch", state=State.FINISHED).count() == 3
+
+
+# ----- the BEGIN of a transactional handler ------------------------------------------------
+
+
+def _queries_sent(run_unit, tmp_path):
+    """``run_unit()`` with libpq's protocol trace on Django's connection; the text of every
+    Query message it sent (the simple protocol Django's client-side binding uses)."""
+    from psycopg import pq
+
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    trace = tmp_path / "libpq.trace"
+    with open(trace, "w") as f:
+        pgconn.trace(f.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            outcome = run_unit()
+        finally:
+            pgconn.untrace()
+    sent = []
+    for line in trace.read_text().splitlines():
+        fields = line.split("\t")
+        if fields[:1] == ["F"] and fields[2:3] == ["Query"]:
+            sent.append(fields[3].strip().strip('"'))
+    return outcome, sent
+
+
+def _claim_one(item):
+    (c,) = [c for c in store.claim(workers["touch"], 5, store.Claimant(), 30)
+            if c.source_key == str(item.pk)]
+    return c
+
+
+def test_a_transactional_handler_begins_in_the_query_that_reads_its_row(vendor, tmp_path):
+    """PostgreSQL: psycopg would send BEGIN in a round trip of its own; it goes with the
+    source row's read, and the unit still commits its writes with its status."""
+    if vendor != "postgresql":
+        pytest.skip("psycopg's BEGIN")
+    from django_dbworker.runner import run
+
+    item = Item.objects.create()
+    c = _claim_one(item)
+    outcome, sent = _queries_sent(lambda: run(c), tmp_path)
+    assert outcome.outcome == "finished", outcome
+    assert sent[0].startswith("BEGIN; SELECT "), sent
+    assert "testapp_item" in sent[0] and "transaction_timestamp()" in sent[0], sent[0]
+    assert not [q for q in sent if q.strip().upper() == "BEGIN"], sent
+    assert sent[-1] == "COMMIT", sent
+    assert Effect.objects.filter(item_id=item.pk).count() == 1
+    assert Execution.objects.get(worker="touch", source_id=str(item.pk)).state == State.FINISHED
+
+
+def test_the_merged_begin_keeps_the_connections_isolation_level(vendor):
+    if vendor != "postgresql":
+        pytest.skip("psycopg's BEGIN")
+    import psycopg
+
+    from django_dbworker.runner import run
+
+    item = Item.objects.create(action="isolation")
+    connection.ensure_connection()
+    raw = connection.connection
+    raw.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    try:
+        assert run(_claim_one(item)).outcome == "finished"
+    finally:
+        raw.isolation_level = None
+    assert Effect.objects.get(item_id=item.pk).note == "repeatable read"
+
+
+def test_the_read_runs_as_it_is_once_the_transaction_has_begun(vendor, tmp_path):
+    """A source read that is not the transaction's first statement sends no BEGIN."""
+    if vendor != "postgresql":
+        pytest.skip("psycopg's BEGIN")
+    from django.db import transaction
+
+    item = Item.objects.create()
+
+    def read_second():
+        with transaction.atomic():
+            Item.objects.filter(pk=item.pk).exists()
+            return sources.get(Item, item.pk, "default", first=True)
+
+    row, sent = _queries_sent(read_second, tmp_path)
+    assert row.pk == item.pk
+    assert sent[0] == "BEGIN", sent  # psycopg's own, before the first statement
+    assert not any(q.startswith("BEGIN;") for q in sent), sent

@@ -78,6 +78,12 @@ def _act(item, name, context=None):
         while not os.path.exists(path):
             time.sleep(0.02)
         return Finished()
+    if action == "isolation":  # PostgreSQL: note the isolation level the handler runs at
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('transaction_isolation')")
+            (level,) = cursor.fetchone()
+        Effect.objects.filter(item_id=item.pk, worker=name).update(note=level)
+        return Finished()
     if action == "delete_self":
         Item.objects.filter(pk=item.pk).delete()
         return Finished()
