@@ -156,6 +156,15 @@ def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished,
         if not store.forget(c):
             raise LeaseLost(_lost(worker, c))
         return GONE
+    if returning is not None and _commits_last(worker, check):
+        assert check is not None
+        try:
+            recorded = store.complete_and_commit(c, outcome, check.begun)
+        except store.TransactionEnded:
+            raise _ended_itself(worker) from None
+        if not recorded:
+            raise LeaseLost(_lost(worker, c))
+        return FINISHED if isinstance(outcome, Finished) else UNFINISHED  # committed
     if returning is not None:
         assert check is not None
         rows = store.complete_returning(c, outcome, returning)
@@ -167,6 +176,19 @@ def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished,
         raise LeaseLost(_lost(worker, c))
     pending.add_siblings(worker, c.source_key, conf.get().DATABASE)
     return FINISHED if isinstance(outcome, Finished) else UNFINISHED
+
+
+def _commits_last(worker: Worker, check: TransactionCheck | None) -> bool:
+    """Whether the completion may COMMIT the transaction in its own query
+    (``store.complete_and_commit``): a transactional handler's, the outermost transaction
+    (not a savepoint, as under ``run_until_idle`` in a test's transaction), nothing to
+    write after it (no sibling workers to make the row pending for)."""
+    if check is None or check.begun is None:
+        return False
+    connection = connections[check.using]
+    return (len(connection.atomic_blocks) == 1 and connection.commit_on_exit
+            and not connection.needs_rollback and not connection.savepoint_ids
+            and not any(w.name != worker.name for w in workers.for_model(worker.source)))
 
 
 def _run_then_record(worker: Worker, c: Claim) -> str:

@@ -32,3 +32,10 @@ class Document(models.Model):
 
 class Tag(models.Model):
     code = models.CharField(max_length=20, primary_key=True)
+
+
+class Solo(models.Model):
+    """A source row with one worker only (``solo``): a transactional unit whose completion
+    commits in its own query on PostgreSQL (no sibling workers to write for after it)."""
+
+    action = models.CharField(max_length=100, default="ok")

@@ -16,7 +16,7 @@ from django_dbworker import (
     workers,
 )
 
-from .models import Document, Effect, Item, Tag
+from .models import Document, Effect, Item, Solo, Tag
 
 
 def _act(item, name, context=None):
@@ -84,6 +84,16 @@ def _act(item, name, context=None):
             (level,) = cursor.fetchone()
         Effect.objects.filter(item_id=item.pk, worker=name).update(note=level)
         return Finished()
+    if action == "deferred_violation":  # PostgreSQL: fails at COMMIT, not before
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TEMPORARY TABLE deferred_check (v integer UNIQUE "
+                           "DEFERRABLE INITIALLY DEFERRED) ON COMMIT DROP")
+            cursor.execute("INSERT INTO deferred_check VALUES (1), (1)")
+        return Finished()
+    if action == "on_commit":  # after the commit, in autocommit: an Effect of its own
+        transaction.on_commit(lambda: Effect.objects.create(item_id=item.pk,
+                                                            worker=f"{name}:on_commit"))
+        return Finished()
     if action == "delete_self":
         Item.objects.filter(pk=item.pk).delete()
         return Finished()
@@ -142,3 +152,8 @@ def read_document(document):
 @worker(source=Tag, eligible=lambda: Tag.objects.order_by("-code"))
 def tag(tag):
     return Finished()
+
+
+@worker(source=Solo)
+def solo(row):
+    return _act(row, "solo")

@@ -1,0 +1,197 @@
+"""A transactional unit on PostgreSQL in two queries of ours: BEGIN goes with the source
+row's read (``db.execute_first``) and COMMIT with the completion
+(``store.complete_and_commit``). It must behave exactly as the longer way does: outcomes,
+failures, fencing, on_commit, deferred constraints, and never a COMMIT of a transaction it
+did not open. The behaviour tests run on SQLite too (the longer way there)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_dbworker import ExecutionStatus, sources, workers
+from django_dbworker.claims import store
+from django_dbworker.claims.store import Claimant
+from django_dbworker.models import Execution, State
+from django_dbworker.runner import run
+from tests.testapp.models import Effect, Item, Solo
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _claim(worker, pk):
+    (c,) = [c for c in store.claim(workers[worker], 10, Claimant(), 30)
+            if c.source_key == str(pk)]
+    return c
+
+
+def _queries_sent(call, tmp_path):
+    """``call()`` with libpq's protocol trace on Django's connection; returns its value and
+    the text of every Query message sent (the simple protocol of client-side binding)."""
+    from psycopg import pq
+
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    trace = tmp_path / "libpq.trace"
+    with open(trace, "w") as f:
+        pgconn.trace(f.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            value = call()
+        finally:
+            pgconn.untrace()
+    sent = []
+    for line in trace.read_text().splitlines():
+        fields = line.split("\t")
+        if fields[:1] == ["F"] and fields[2:3] == ["Query"]:
+            sent.append(fields[3].strip().strip('"'))
+    return value, sent
+
+
+@pytest.fixture
+def postgres(vendor):
+    if vendor != "postgresql":
+        pytest.skip("psycopg's BEGIN and COMMIT")
+
+
+# ----- the queries sent --------------------------------------------------------------------
+
+
+def test_a_unit_sends_begin_with_its_read_and_commit_with_its_completion(postgres, tmp_path):
+    row = Solo.objects.create()
+    c = _claim("solo", row.pk)
+    result, sent = _queries_sent(lambda: run(c), tmp_path)
+    assert result.outcome == "finished", result
+    assert len(sent) == 3, sent  # the read, the handler's INSERT, the completion
+    assert sent[0].startswith("BEGIN; SELECT ") and "testapp_solo" in sent[0], sent[0]
+    assert "transaction_timestamp()" in sent[0], "the transaction marker is read with it"
+    assert sent[1].startswith('INSERT INTO "testapp_effect"'), sent[1]
+    assert 'UPDATE "django_dbworker_execution"' in sent[2] and sent[2].endswith("; COMMIT")
+    assert not [q for q in sent if q.strip() in ("BEGIN", "COMMIT")], sent
+    assert Effect.objects.filter(item_id=row.pk, worker="solo").count() == 1
+    assert workers["solo"].state(row.pk)["execution_status"] == ExecutionStatus.FINISHED
+
+
+def test_with_sibling_workers_the_completion_leaves_commit_to_django(postgres, tmp_path):
+    """``touch`` shares its model with other workers: after its completion the row is made
+    pending for them in the same transaction, so COMMIT cannot go with the completion."""
+    item = Item.objects.create()
+    c = _claim("touch", item.pk)
+    result, sent = _queries_sent(lambda: run(c), tmp_path)
+    assert result.outcome == "finished"
+    assert sent[0].startswith("BEGIN; SELECT "), sent
+    assert sent[-1] == "COMMIT" and not any(q.endswith("; COMMIT") for q in sent), sent
+
+
+def test_a_read_after_the_transaction_began_sends_no_begin(postgres, tmp_path):
+    item = Item.objects.create()
+
+    def read_second():
+        with transaction.atomic():
+            Item.objects.filter(pk=item.pk).exists()
+            return sources.get(Item, item.pk, "default", first=True)
+
+    row, sent = _queries_sent(read_second, tmp_path)
+    assert row.pk == item.pk
+    assert sent[0] == "BEGIN", sent  # psycopg's own, before the first statement
+    assert not any(q.startswith("BEGIN;") for q in sent), sent
+
+
+def test_the_merged_begin_keeps_the_connections_isolation_level(postgres):
+    import psycopg
+
+    row = Solo.objects.create(action="isolation")
+    c = _claim("solo", row.pk)
+    raw = connection.connection
+    raw.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    try:
+        assert run(c).outcome == "finished"
+    finally:
+        raw.isolation_level = None
+    assert Effect.objects.get(item_id=row.pk).note == "repeatable read"
+
+
+# ----- what the unit does, the short way on PostgreSQL -----------------------------------
+
+
+@pytest.mark.parametrize(("action", "outcome", "error"), [
+    ("raise", "failed", "builtins.ValueError"),
+    ("raw_commit", "failed", "ended the transaction itself"),
+    ("raw_rollback", "failed", "ended the transaction itself"),
+    ("commit", "failed", "tried to manage the transaction itself"),
+    ("close", "failed", "closed the database connection"),
+])
+def test_failures_roll_back_and_are_recorded(action, outcome, error):
+    row = Solo.objects.create(action=action)
+    result = run(_claim("solo", row.pk))
+    assert result.outcome == outcome, result
+    assert error in result.error
+    state = workers["solo"].state(row.pk)
+    assert state["execution_status"] == ExecutionStatus.FAILED
+    assert error in state["error"]["exception_class"] + state["error"]["message"]
+    if action not in ("raw_commit",):  # a COMMIT through a cursor keeps what came before
+        assert not Effect.objects.filter(item_id=row.pk).exists()
+
+
+def test_a_deferred_constraint_failing_at_commit_fails_the_unit(postgres):
+    row = Solo.objects.create(action="deferred_violation")
+    result = run(_claim("solo", row.pk))
+    assert result.outcome == "failed", result
+    assert "IntegrityError" in result.error and "deferred_check" in result.error
+    assert not Effect.objects.filter(item_id=row.pk).exists(), "rolled back with the COMMIT"
+    assert Execution.objects.get(worker="solo", source_id=str(row.pk)).state == State.FAILED
+
+
+def test_on_commit_callbacks_run_after_the_commit_and_only_then():
+    row = Solo.objects.create(action="on_commit")
+    old = _claim("solo", row.pk)
+    Execution.objects.filter(pk=old.execution_id).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert store.reap(max_crashes=3) == 1
+    new = _claim("solo", row.pk)
+    assert run(old).outcome == "lease_lost"
+    assert not Effect.objects.exists(), "no commit, no callback"
+    assert run(new).outcome == "finished"
+    assert Effect.objects.filter(item_id=row.pk, worker="solo:on_commit").count() == 1
+
+
+def test_a_taken_over_claim_commits_nothing():
+    row = Solo.objects.create()
+    old = _claim("solo", row.pk)
+    Execution.objects.filter(pk=old.execution_id).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert store.reap(max_crashes=3) == 1
+    new = _claim("solo", row.pk)
+    result = run(old)
+    assert result.outcome == "lease_lost", result
+    assert "lost the claim" in result.error
+    assert not Effect.objects.exists(), "the stale run's write was rolled back"
+    assert Execution.objects.get(pk=new.execution_id).token == new.token
+    assert run(new).outcome == "finished"
+    assert Effect.objects.filter(item_id=row.pk).count() == 1
+
+
+def test_an_expired_lease_commits_nothing(postgres):
+    row = Solo.objects.create()
+    c = _claim("solo", row.pk)
+    Execution.objects.filter(pk=c.execution_id).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert run(c).outcome == "lease_lost"
+    assert not Effect.objects.exists()
+    assert Execution.objects.get(pk=c.execution_id).state == State.WORKING  # for a reaper
+
+
+def test_a_unit_run_inside_a_transaction_does_not_commit_it():
+    """As under ``run_until_idle`` in a test's transaction: the unit is a savepoint, and
+    what it wrote goes when the outer transaction rolls back."""
+    row = Solo.objects.create()
+    c = _claim("solo", row.pk)
+    with transaction.atomic():
+        assert run(c).outcome == "finished"
+        assert Effect.objects.filter(item_id=row.pk).exists()
+        transaction.set_rollback(True)
+    assert not Effect.objects.exists()
+    assert Execution.objects.get(pk=c.execution_id).state == State.WORKING
