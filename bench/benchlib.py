@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -78,13 +78,21 @@ def environment(db: str, name: str, large: str = "") -> dict[str, str]:
     """
     path = [str(BENCH), str(ROOT), os.environ.get("PYTHONPATH", "")]
     return {
-        **os.environ,
+        **without_bytecode_ban(os.environ),
         "BENCH_DB": db,
         "BENCH_DB_NAME": name,
         "BENCH_DB_NAME_LARGE": large,
         "DJANGO_SETTINGS_MODULE": "bench_settings",
         "PYTHONPATH": os.pathsep.join(p for p in path if p),
     }
+
+
+def without_bytecode_ban(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without PYTHONDONTWRITEBYTECODE (set on some machines, this one among them):
+    with it, every process we start compiles django_dbworker from its source, 0.1-0.2 s of
+    each start-up, where an installed package, as the peers' are, comes compiled. The
+    processes then write ``__pycache__`` folders (ignored by git) and use them."""
+    return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def setup_django(db: str, name: str, large: str = "") -> None:

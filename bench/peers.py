@@ -221,7 +221,7 @@ def resources(name: str, needs: str, redis_db: int) -> Iterator[dict[str, str]]:
 def run_driver(name: str, args: argparse.Namespace, extra: dict[str, str]) -> dict[str, Any]:
     """driver.py in the peer's virtualenv; what it wrote (or PeerUnavailable)."""
     python = VENVS / name / "bin" / "python"
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in benchlib.without_bytecode_ban(os.environ).items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE", "PYTHONHOME")}
     env.update(extra, PYTHONPATH=str(CODE), VIRTUAL_ENV=str(VENVS / name),
                PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}")
