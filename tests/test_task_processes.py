@@ -49,6 +49,19 @@ def test_tasks_and_rows_in_one_burst_with_retries(runworkers):
                for i, r in enumerate(added))
 
 
+def test_a_burst_exits_when_the_work_is_done_not_after_a_poll(runworkers):
+    """--burst ends with one more claim after the last, at once: with a 60 s POLL_INTERVAL
+    it used to wait a whole interval after the last task (no sweep to make it go on)."""
+    added = tasks.add.enqueue_many([((i, 1), {}) for i in range(5)])
+    started = time.monotonic()
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default", lease=600,
+                   extra_env={"DBWORKER_TEST_POLL": "60"})  # renewals every 200 s
+    assert p.wait(120) == 0, p.output()
+    assert time.monotonic() - started < 30, "it waited for the poll interval"
+    assert all(default_task_backend.get_result(r.id).return_value == i + 1
+               for i, r in enumerate(added))
+
+
 def test_timeout_stops_the_process_and_retries(runworkers):
     result = tasks.sleeper.enqueue(30)
     p = runworkers("--concurrency", "1", "--queue", "default")

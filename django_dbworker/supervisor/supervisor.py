@@ -140,14 +140,16 @@ class Supervisor:
                 self._database_up()
             except DatabaseError as exc:
                 self._database_down(exc)
+            last_round = False
             if (self.options.burst and not stopping and claimed == 0 and not self._busy()
                     and not self.sweeping and self._backoff == 0.0):
                 if self._sweep_started > self._last_claim:
                     return self._burst_done()
                 self._start_sweep(time.monotonic())  # rows may have become eligible since
+                last_round = True  # its steps and one more claim, at once, not after a poll
             self.progress.show()
             room = any(self._room(ch) for ch in self.children)
-            timeout = 0.0 if claimed and room else self._idle_timeout()
+            timeout = 0.0 if (claimed and room) or last_round else self._idle_timeout()
             self._wait(timeout)
 
     # ----- claims and dispatch ------------------------------------------------------
