@@ -243,6 +243,27 @@ def analyze(using: str = "default", source: str = ROW_TABLE) -> None:
                 cursor.execute(f"ANALYZE {table}")
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(all CPU time, stolen CPU time) of the machine so far, in ticks (``/proc/stat``);
+    None where there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    steal = fields[7] if len(fields) > 7 else 0
+    return sum(fields[:8]), steal
+
+
+def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the CPU time between two ``cpu_ticks()`` that the hypervisor gave to
+    other machines ("steal"): on a virtual machine it slows every figure down, and more
+    than a few percent makes a run's figures unreliable."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return round(100 * (after[1] - before[1]) / (after[0] - before[0]), 1)
+
+
 def machine() -> dict[str, Any]:
     import django
     import psycopg

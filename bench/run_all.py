@@ -59,13 +59,16 @@ def main() -> None:
     args = parser.parse_args()
     started = time.monotonic()
     loads = {"start": [round(x, 2) for x in os.getloadavg()]}
-    seconds = {}
+    seconds, steal = {}, {}
+    first = benchlib.cpu_ticks()
     for name, passed in (QUICK if args.quick else SCRIPTS).items():
         print(f"=== {name}", file=sys.stderr, flush=True)
-        begun = time.monotonic()
+        begun, ticks = time.monotonic(), benchlib.cpu_ticks()
         subprocess.run([sys.executable, str(benchlib.BENCH / f"{name}.py"), *passed],
                        check=True, cwd=benchlib.ROOT)
         seconds[name] = round(time.monotonic() - begun, 1)
+        steal[name] = benchlib.steal_percent(ticks, benchlib.cpu_ticks())
+    steal["total"] = benchlib.steal_percent(first, benchlib.cpu_ticks())
     loads["end"] = [round(x, 2) for x in os.getloadavg()]
     found = {name: json.loads((benchlib.RESULTS / f"{name}.json").read_text())
              for name in SCRIPTS}
@@ -75,6 +78,7 @@ def main() -> None:
         "machine": benchlib.machine(),
         "loadavg_1m_5m_15m": loads,
         "seconds": {**seconds, "total": round(time.monotonic() - started, 1)},
+        "cpu_steal_percent": steal,
         "quick": args.quick,
         "table": table,
     })
@@ -83,7 +87,7 @@ def main() -> None:
               f"{found['throughput']['machine']['postgres']}, SQLite "
               f"{found['throughput']['machine']['sqlite']}; load average "
               f"{loads['start'][0]} at the start, {loads['end'][0]} at the end; "
-              f"{round(time.monotonic() - started)} s in all.\n\n")
+              f"{round(time.monotonic() - started)} s in all; {steal_text(steal)}.\n\n")
     (benchlib.RESULTS / "summary.md").write_text(header + table + "\n")
     print(header + table)
     print(f"\nwritten: {Path('bench/results/summary.md')}, bench/results/summary.json")
@@ -109,6 +113,22 @@ def put_table(readme: Path, text: str) -> None:
                          "missing or out of order; put them around the summary table.")
     begin += len(MARKERS[0])
     readme.write_text(f"{content[:begin]}\n\n{text.strip()}\n\n{content[end:]}")
+
+
+def steal_text(steal: dict[str, float | None]) -> str:
+    """The CPU steal of the run, and a warning where it was high enough to matter."""
+    if steal.get("total") is None:
+        return "CPU steal not known"
+    worst = max((v for k, v in steal.items() if k != "total" and v is not None), default=0.0)
+    text = f"CPU steal {steal['total']:g}% (at most {worst:g}% in one benchmark)"
+    if worst > STEAL_WARNING:
+        text += (" **: the hypervisor gave that share of the CPUs to other machines; "
+                 "figures of that benchmark are low and not comparable**")
+    return text
+
+
+#: Percent of CPU steal in one benchmark above which the summary says its figures are off.
+STEAL_WARNING = 5.0
 
 
 def summary(found: dict[str, Any]) -> str:

@@ -120,7 +120,7 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
         empty: dict[str, list[float]] = {k: [] for k in kinds if k != "raw"}
         walls: dict[str, list[float]] = {k: [] for k in kinds}
         cpus: dict[str, list[float]] = {k: [] for k in kinds}
-        loads = []
+        loads, steals = [], []
         for kind in empty:
             for _ in range(args.runs):
                 fill(kind, 0)
@@ -128,13 +128,16 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
         for run in range(args.runs):
             for kind in kinds[run % len(kinds):] + kinds[:run % len(kinds)]:
                 loads.append(round(os.getloadavg()[0], 2))
+                ticks = benchlib.cpu_ticks()
                 wall, cpu = measure(kind, db, name, args, env)
+                steals.append(benchlib.steal_percent(ticks, benchlib.cpu_ticks()))
                 walls[kind].append(wall)
                 cpus[kind].append(cpu)
                 print(f"{db}: run {run + 1}: {kind}: {args.rows} in {walls[kind][-1]:.2f}s "
-                      f"({args.rows / walls[kind][-1]:.0f}/s, load {loads[-1]})",
-                      file=sys.stderr, flush=True)
-        result: dict[str, Any] = {"db": db, "jobs": args.rows, "loadavg_1m": loads}
+                      f"({args.rows / walls[kind][-1]:.0f}/s, load {loads[-1]}, "
+                      f"CPU steal {steals[-1]}%)", file=sys.stderr, flush=True)
+        result: dict[str, Any] = {"db": db, "jobs": args.rows, "loadavg_1m": loads,
+                                  "cpu_steal_percent": steals}
         for kind in kinds:
             wall = statistics.median(walls[kind])
             figures: dict[str, Any] = {

@@ -122,13 +122,16 @@ class Child:
 def start(slot: int, using: str, max_tasks: int | None) -> Child:
     """Fork a child. Our connections close first: a forked socket must not be shared.
 
-    What the supervisor holds by then (Django, its apps, the registry: most of the heap) is
-    frozen for the garbage collector first (``gc.freeze()``, as Python's documentation
-    advises before a fork): collections in the children and the supervisor no longer walk
-    it, the children do not copy its pages by touching their GC headers, and exit does not
-    collect it (0.1-0.2 s of every ``runworkers`` start and stop before)."""
+    Before the first fork, what the supervisor holds (Django, its apps, the registry: most
+    of the heap) is frozen for the garbage collector (``gc.freeze()``, as Python's
+    documentation advises before a fork): collections in the children and the supervisor
+    no longer walk it, the children do not copy its pages by touching their GC headers,
+    and exit does not collect it (0.1-0.2 s of every ``runworkers`` start and stop
+    before). Once only: a cycle that was garbage when frozen is never freed, so freezing
+    again at every fork (children retire, ``--max-tasks-per-child``) would keep some."""
     connections.close_all()
-    gc.freeze()
+    if not gc.get_freeze_count():
+        gc.freeze()
     ours, theirs = _fork.Pipe()
     handoff = Handoff(_fork)
     process = _fork.Process(
