@@ -235,6 +235,19 @@ def _client_binding(cursor: Any) -> bool:
     return isinstance(cursor.cursor, psycopg.ClientCursor)
 
 
+def binds_on_client(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the cursors of ``connection`` (open) bind on the client (``_client_binding``):
+    not with Django's ``"server_side_binding": True``, whose queries hold one statement."""
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    factory = getattr(connection.connection, "cursor_factory", None)
+    return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)
+
+
 def execute_first(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     """Execute ``sql`` as the first statement of the transaction ``transaction.atomic()``
     just opened; the cursor is left at its result.

@@ -20,7 +20,7 @@ from . import conf, keys, progress, sources
 from .claims import pending, store
 from .claims.store import Claim, FailureInfo
 from .context import Context
-from .db import TransactionCheck
+from .db import TransactionCheck, binds_on_client
 from .exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from .logs import log_event
 from .outcomes import Finished, Unfinished
@@ -182,11 +182,13 @@ def _commits_last(worker: Worker, check: TransactionCheck | None) -> bool:
     """Whether the completion may COMMIT the transaction in its own query
     (``store.complete_and_commit``): a transactional handler's, the outermost transaction
     (not a savepoint, as under ``run_until_idle`` in a test's transaction), nothing to
-    write after it (no sibling workers to make the row pending for)."""
+    write after it (no sibling workers to make the row pending for), and client-side
+    binding (one query, several statements)."""
     if check is None or check.begun is None:
         return False
     connection = connections[check.using]
-    return (len(connection.atomic_blocks) == 1 and connection.commit_on_exit
+    return (binds_on_client(connection)
+            and len(connection.atomic_blocks) == 1 and connection.commit_on_exit
             and not connection.needs_rollback and not connection.savepoint_ids
             and not any(w.name != worker.name for w in workers.for_model(worker.source)))
 

@@ -100,6 +100,26 @@ def test_a_read_after_the_transaction_began_sends_no_begin(postgres, tmp_path):
     assert not any(q.startswith("BEGIN;") for q in sent), sent
 
 
+def test_with_server_side_binding_begin_and_commit_go_alone(postgres, tmp_path):
+    """Django's ``"server_side_binding": True``: a query holds one statement, so BEGIN and
+    COMMIT are sent as psycopg sends them, and the unit commits as ever."""
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    row = Solo.objects.create()
+    c = _claim("solo", row.pk)
+    raw = connection.connection
+    client_factory = raw.cursor_factory
+    raw.cursor_factory = ServerBindingCursor
+    try:
+        result, sent = _queries_sent(lambda: run(c), tmp_path)
+    finally:
+        raw.cursor_factory = client_factory
+    assert result.outcome == "finished", result
+    assert sent == ["BEGIN", "COMMIT"], sent  # the statements go as Parse/Bind, not Query
+    assert Effect.objects.filter(item_id=row.pk).count() == 1
+    assert workers["solo"].state(row.pk)["execution_status"] == ExecutionStatus.FINISHED
+
+
 def test_the_merged_begin_keeps_the_connections_isolation_level(postgres):
     import psycopg
 
