@@ -1,6 +1,6 @@
-"""Run every benchmark, then write one summary table (about 6-8 minutes on 2 CPUs).
+"""Run every benchmark, then write one summary table (about 7-10 minutes on 2 CPUs).
 
-    .venv/bin/python bench/run_all.py [--quick]
+    .venv/bin/python bench/run_all.py [--quick] [--only peers,...]
 
 Runs, one after the other, each on PostgreSQL and SQLite: ``throughput.py`` (rows, tasks
 and the raw SQL reference, alternating, 3 runs of 5,000), ``enqueue.py`` (enqueue_many of
@@ -14,9 +14,11 @@ minutes once the virtualenvs exist). Each writes its own
 ``bench/results/<name>.json``; this script then writes ``bench/results/summary.json`` and
 ``bench/results/summary.md``: the figures next to the targets of issue 6 and, in the
 column "vs peers", next to the peers' figures of the same run (ours / theirs), with the
-machine and its load average; the same table goes into README.md and bench/README.md,
-between the marker lines ``README_TABLES`` names. ``--quick`` runs fewer repetitions (for
-a smoke test, not figures).
+machine, its load average and the CPU steal of each benchmark; the same table goes into
+README.md and bench/README.md, between the marker lines ``README_TABLES`` names.
+``--only peers`` (say) runs those again and takes the others' figures from their last
+results: for a benchmark a burst of CPU steal spoiled. ``--quick`` runs fewer repetitions
+(for a smoke test, not figures).
 """
 
 from __future__ import annotations
@@ -56,19 +58,28 @@ QUICK = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", help="comma-separated benchmarks to run again (the others'"
+                        " figures come from their last results), e.g. after CPU steal")
     args = parser.parse_args()
+    scripts = QUICK if args.quick else SCRIPTS
+    only = [n for n in (args.only or "").split(",") if n]
+    if set(only) - set(SCRIPTS):
+        parser.error(f"--only: choose among {', '.join(SCRIPTS)}")
     started = time.monotonic()
     loads = {"start": [round(x, 2) for x in os.getloadavg()]}
-    seconds, steal = {}, {}
+    seconds, steal = earlier(only)
     first = benchlib.cpu_ticks()
-    for name, passed in (QUICK if args.quick else SCRIPTS).items():
+    for name, passed in scripts.items():
+        if only and name not in only:
+            continue
         print(f"=== {name}", file=sys.stderr, flush=True)
         begun, ticks = time.monotonic(), benchlib.cpu_ticks()
         subprocess.run([sys.executable, str(benchlib.BENCH / f"{name}.py"), *passed],
                        check=True, cwd=benchlib.ROOT)
         seconds[name] = round(time.monotonic() - begun, 1)
         steal[name] = benchlib.steal_percent(ticks, benchlib.cpu_ticks())
-    steal["total"] = benchlib.steal_percent(first, benchlib.cpu_ticks())
+    if not only:
+        steal["total"] = benchlib.steal_percent(first, benchlib.cpu_ticks())
     loads["end"] = [round(x, 2) for x in os.getloadavg()]
     found = {name: json.loads((benchlib.RESULTS / f"{name}.json").read_text())
              for name in SCRIPTS}
@@ -79,6 +90,7 @@ def main() -> None:
         "loadavg_1m_5m_15m": loads,
         "seconds": {**seconds, "total": round(time.monotonic() - started, 1)},
         "cpu_steal_percent": steal,
+        "run_again": only,
         "quick": args.quick,
         "table": table,
     })
@@ -87,7 +99,9 @@ def main() -> None:
               f"{found['throughput']['machine']['postgres']}, SQLite "
               f"{found['throughput']['machine']['sqlite']}; load average "
               f"{loads['start'][0]} at the start, {loads['end'][0]} at the end; "
-              f"{round(time.monotonic() - started)} s in all; {steal_text(steal)}.\n\n")
+              f"{round(time.monotonic() - started)} s in all"
+              f"{'; run again now: ' + ', '.join(only) if only else ''}; "
+              f"{steal_text(steal)}.\n\n")
     (benchlib.RESULTS / "summary.md").write_text(header + table + "\n")
     print(header + table)
     print(f"\nwritten: {Path('bench/results/summary.md')}, bench/results/summary.json")
@@ -115,15 +129,28 @@ def put_table(readme: Path, text: str) -> None:
     readme.write_text(f"{content[:begin]}\n\n{text.strip()}\n\n{content[end:]}")
 
 
+def earlier(only: list[str]) -> tuple[dict[str, float], dict[str, float | None]]:
+    """Seconds and CPU steal of the benchmarks not run again (``--only``), from the last
+    summary."""
+    path = benchlib.RESULTS / "summary.json"
+    if not only or not path.exists():
+        return {}, {}
+    last = json.loads(path.read_text())
+    keep = [name for name in SCRIPTS if name not in only]
+    return ({k: v for k, v in last.get("seconds", {}).items() if k in keep},
+            {k: v for k, v in last.get("cpu_steal_percent", {}).items() if k in keep})
+
+
 def steal_text(steal: dict[str, float | None]) -> str:
-    """The CPU steal of the run, and a warning where it was high enough to matter."""
-    if steal.get("total") is None:
+    """CPU steal by benchmark, and a warning where it was high enough to matter."""
+    known = {k: v for k, v in steal.items() if k != "total" and v is not None}
+    if not known:
         return "CPU steal not known"
-    worst = max((v for k, v in steal.items() if k != "total" and v is not None), default=0.0)
-    text = f"CPU steal {steal['total']:g}% (at most {worst:g}% in one benchmark)"
-    if worst > STEAL_WARNING:
-        text += (" **: the hypervisor gave that share of the CPUs to other machines; "
-                 "figures of that benchmark are low and not comparable**")
+    text = "CPU steal " + ", ".join(f"{k} {v:g}%" for k, v in known.items())
+    high = [k for k, v in known.items() if v > STEAL_WARNING]
+    if high:
+        text += (f" (**{', '.join(high)}: the hypervisor gave that share of the CPUs to "
+                 "other machines; those figures are low and not comparable**)")
     return text
 
 
