@@ -220,24 +220,14 @@ def _execute(cursor: Any, asynchronous: str, sql: str, params: Sequence[Any]) ->
 
 
 def _async_commit(cursor: Any) -> bool:
-    return conf.get().ASYNC_COMMIT and _client_binding(cursor)
-
-
-def _client_binding(cursor: Any) -> bool:
-    """Whether ``cursor`` is psycopg 3's with client-side binding (Django's default): its
-    queries go with the simple protocol, so one query may hold several statements."""
-    if cursor.db.vendor != "postgresql":
-        return False
-    try:
-        import psycopg
-    except ImportError:  # psycopg2: no nextset() to reach a statement's result
-        return False
-    return isinstance(cursor.cursor, psycopg.ClientCursor)
+    return conf.get().ASYNC_COMMIT and binds_on_client(cursor.db)
 
 
 def binds_on_client(connection: BaseDatabaseWrapper) -> bool:
-    """Whether the cursors of ``connection`` (open) bind on the client (``_client_binding``):
-    not with Django's ``"server_side_binding": True``, whose queries hold one statement."""
+    """Whether the cursors of ``connection`` (open) are psycopg 3's with client-side binding
+    (Django's default): their queries go with the simple protocol, so one query may hold
+    several statements. Not with Django's ``"server_side_binding": True``, nor psycopg2
+    (no ``nextset()`` to reach a statement's result)."""
     if connection.vendor != "postgresql" or connection.connection is None:
         return False
     try:
@@ -275,7 +265,7 @@ def _beginning(cursor: Any) -> Any:
     """The psycopg connection under ``cursor`` if its transaction is due to begin with the
     next statement (out of autocommit, nothing sent yet, no pipeline); else None. psycopg's
     private ``_autocommit`` and ``_get_tx_start_command`` are looked for, not assumed."""
-    if not _client_binding(cursor):
+    if not binds_on_client(cursor.db):
         return None
     from psycopg.pq import TransactionStatus
 
