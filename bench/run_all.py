@@ -99,8 +99,8 @@ def main() -> None:
               f"{found['throughput']['machine']['postgres']}, SQLite "
               f"{found['throughput']['machine']['sqlite']}; load average "
               f"{loads['start'][0]} at the start, {loads['end'][0]} at the end; "
-              f"{round(time.monotonic() - started)} s in all"
-              f"{'; run again now: ' + ', '.join(only) if only else ''}; "
+              f"{round(time.monotonic() - started)} s "
+              f"{'for ' + ', '.join(only) + ', run again now' if only else 'in all'}; "
               f"{steal_text(steal)}.\n\n")
     (benchlib.RESULTS / "summary.md").write_text(header + table + "\n")
     print(header + table)
