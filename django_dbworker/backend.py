@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from inspect import isclass
@@ -178,17 +178,27 @@ class DBWorkerBackend(BaseTaskBackend):
             return []
         shared = newtasks.Shared.of(task)
         ids = newtasks.ids(shared, len(calls))
-        try:
-            rows = newtasks.build(shared, ids, calls)
-        except (TypeError, ValueError):
-            for i, call in enumerate(calls):
-                _plain_call(task, i, call)  # raises, naming the call
-            raise
-        payload = _encode(task, rows)
         using = conf.get().DATABASE
         on_commit = getattr(task, "enqueue_on_commit", None)
         if on_commit is None:
             on_commit = self.enqueue_on_commit
+        if key is None and not on_commit:
+            # Batch by batch: on PostgreSQL the server stores a batch while the next is
+            # built (taskstore.insert_batches), and its results are made meanwhile.
+            results: list[TaskResult] = []
+
+            def batches() -> Iterator[tuple[list[newtasks.NewTask], str]]:
+                for start in range(0, len(calls), newtasks.BATCH):
+                    end = start + newtasks.BATCH
+                    rows = _rows(task, shared, ids[start:end], calls[start:end], start)
+                    yield rows, _encode(task, rows, start)
+                    results.extend(new_results(rows, self.alias, task))
+
+            taskstore.insert_batches(batches())
+            send_enqueued(type(self), results)
+            return results
+        rows = _rows(task, shared, ids, calls, 0)
+        payload = _encode(task, rows, 0)
         if on_commit:
             def insert() -> None:
                 stored = taskstore.insert(rows, idempotency_key=key, payload=payload)
@@ -198,12 +208,8 @@ class DBWorkerBackend(BaseTaskBackend):
             transaction.on_commit(insert, using=using)
             return new_results(rows, self.alias, task)
         stored = taskstore.insert(rows, idempotency_key=key, payload=payload)
-        if key is not None:  # the row holding the key: ours, or one enqueued before
-            results = [self.result(row, task) for row in stored]
-            fresh = _inserted(stored[0], rows[0])
-        else:
-            results, fresh = new_results(rows, self.alias, task), True
-        if fresh:
+        results = [self.result(row, task) for row in stored]  # the row holding the key:
+        if _inserted(stored[0], rows[0]):                     # ours, or an earlier one's
             send_enqueued(type(self), results)
         return results
 
@@ -303,15 +309,30 @@ def _plain_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str,
         raise _not_json(task, index, exc) from None
 
 
-def _encode(task: Task, rows: list[Any]) -> str:
-    """The rows as one JSON text (``newtasks.encode``), or the error naming the bad call."""
+def _rows(task: Task, shared: Any, ids: list[str], calls: list[Any],
+          offset: int) -> list[Any]:
+    """``newtasks.build`` of the calls, or the error naming the first bad one (its index in
+    the whole enqueue call: ``calls`` start at ``offset``)."""
+    from .claims import newtasks
+
+    try:
+        return newtasks.build(shared, ids, calls)
+    except (TypeError, ValueError):
+        for i, call in enumerate(calls):
+            _plain_call(task, offset + i, call)  # raises, naming the call
+        raise
+
+
+def _encode(task: Task, rows: list[Any], offset: int) -> str:
+    """The rows as one JSON text (``newtasks.encode``), or the error naming the bad call
+    (``rows`` are the calls from ``offset`` on)."""
     from .claims import newtasks
 
     try:
         return newtasks.encode(rows)
     except (TypeError, ValueError):
         index, exc = newtasks.first_bad(rows) or (0, ValueError("not JSON"))
-        raise _not_json(task, index, exc) from None
+        raise _not_json(task, offset + index, exc) from None
 
 
 def _not_json(task: Task, index: int, exc: Exception) -> InvalidTaskArguments:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
-from contextlib import closing
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
 from typing import Any
 
 from django.db import OperationalError, connections
@@ -276,3 +276,35 @@ def _beginning(cursor: Any) -> Any:
             or not callable(getattr(raw, "_get_tx_start_command", None))):
         return None
     return raw
+
+
+@contextmanager
+def pipelined(using: str) -> Iterator[None]:
+    """The statements of the block go to the server without waiting for each other's
+    results (psycopg 3's pipeline mode), on PostgreSQL with a libpq that has it; elsewhere
+    the block runs as it is.
+
+    ``execute()`` then returns once the statement is sent: the server runs it while Python
+    goes on (builds the next statement). An error is raised by a later ``execute()`` or when
+    the block ends, and the statements after the failing one are not run; the caller's
+    ``transaction.atomic()`` around the block then rolls all of them back. Only for
+    statements whose results nobody reads.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        yield
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    try:
+        from psycopg import Pipeline
+    except ImportError:  # psycopg2
+        yield
+        return
+    if not Pipeline.is_supported():
+        yield
+        return
+    # An error the pipeline's end fetches comes from psycopg, not from Django's cursor:
+    # raised as Django's own (IntegrityError, ...), as errors from execute() are.
+    with connection.wrap_database_errors, raw.pipeline():
+        yield

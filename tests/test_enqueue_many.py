@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
+from django.db import IntegrityError, connection, transaction
 from django.tasks.signals import task_enqueued
 
 from django_dbworker.backend import DBWorkerBackend, send_enqueued
 from django_dbworker.claims import newtasks
+from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import TaskRecord
 from django_dbworker.results import new_results
 from tests.testapp import tasks
+from tests.testapp.models import Item
 
 type Dispatch = Callable[[type, list[Any]], None]
 
@@ -181,3 +185,114 @@ def test_plain_copies_flat_containers() -> None:
         got = plain(value)
         assert got == expected and type(got) is type(expected)
         assert got is not value, "the caller's container is never stored as it is"
+
+
+# ----- batches -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 4 calls: 10 calls make three statements (4, 4, 2)."""
+    monkeypatch.setattr(newtasks, "BATCH", 4)
+
+
+@pytest.fixture
+def signalled() -> Any:
+    seen: list[str] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(task_result.id)
+
+    task_enqueued.connect(receive)
+    yield seen
+    task_enqueued.disconnect(receive)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batches_keep_the_calls_order_ids_and_arguments(small_batches, signalled) -> None:
+    results = tasks.add.enqueue_many([((i, i), {"n": i}) for i in range(10)])
+    assert [(r.args, r.kwargs) for r in results] == [([i, i], {"n": i}) for i in range(10)]
+    stored = {str(r.pk): (r.args, r.kwargs, r.status) for r in TaskRecord.objects.all()}
+    assert stored == {r.id: (r.args, r.kwargs, "READY") for r in results}
+    assert signalled == [r.id for r in results], "each task signalled once, in order"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("outer", [False, True], ids=["alone", "in-a-transaction"])
+@pytest.mark.parametrize(("bad", "message"), [
+    (((float("nan"), 1), {}), r"call 9 cannot be stored as JSON \(Out of range float"),
+    ((1, 2, 3), r"call 9 is \(1, 2, 3\); give \(args, kwargs\) pairs"),
+    (((object(),), {}), r"call 9 cannot be stored as JSON"),
+], ids=["nan", "not-a-pair", "object"])
+def test_a_bad_call_in_a_later_batch_stores_no_batch(small_batches, signalled, outer, bad,
+                                                    message) -> None:
+    """Call 9 is in the third batch: the first two were already sent when it is found."""
+    calls: list[Any] = [((i, i), {}) for i in range(10)]
+    calls[9] = bad
+    with transaction.atomic() if outer else nullcontext():
+        Item.objects.create(action="before")
+        with pytest.raises(InvalidTaskArguments, match=message):
+            tasks.add.enqueue_many(calls)
+        assert not TaskRecord.objects.exists(), "no batch half-written"
+    assert signalled == []
+    assert Item.objects.filter(action="before").exists(), "the caller's transaction goes on"
+    assert len(tasks.add.enqueue_many(calls[:9])) == 9
+    assert TaskRecord.objects.count() == 9
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("outer", [False, True], ids=["alone", "in-a-transaction"])
+def test_a_batch_the_database_refuses_rolls_back_the_others(
+        small_batches, signalled, monkeypatch: pytest.MonkeyPatch, outer: bool) -> None:
+    """The second batch repeats an id of the first: a primary key violation, which on
+    PostgreSQL the server reports after later batches were sent (pipeline)."""
+    real_ids = newtasks.ids
+
+    def one_id_twice(shared: newtasks.Shared, count: int) -> list[str]:
+        ids = real_ids(shared, count)
+        ids[6] = ids[1]
+        return ids
+
+    monkeypatch.setattr(newtasks, "ids", one_id_twice)
+    with transaction.atomic() if outer else nullcontext():
+        Item.objects.create(action="before")
+        with pytest.raises(IntegrityError):
+            tasks.add.enqueue_many([((i, i), {}) for i in range(10)])
+        assert not TaskRecord.objects.exists(), "no batch half-written"
+    assert signalled == []
+    assert Item.objects.filter(action="before").exists(), "the caller's transaction goes on"
+    monkeypatch.setattr(newtasks, "ids", real_ids)
+    assert len(tasks.add.enqueue_many([((i, i), {}) for i in range(10)])) == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batches_go_to_postgres_in_one_pipeline(small_batches, vendor, tmp_path) -> None:
+    """The batches' INSERTs and the NOTIFY are sent without waiting for each other's
+    results: one Sync for all of them (psycopg's pipeline), then the COMMIT."""
+    if vendor != "postgresql":
+        pytest.skip("psycopg's pipeline mode")
+    from psycopg import pq
+
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    trace = tmp_path / "libpq.trace"
+    with open(trace, "w") as f:
+        pgconn.trace(f.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            tasks.add.enqueue_many([((i, i), {}) for i in range(10)])
+        finally:
+            pgconn.untrace()
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    sent = [(fields[2], fields[3] if len(fields) > 3 else "") for fields in sent
+            if fields[0] == "F"]
+    kinds = [kind for kind, _ in sent]
+    inserts = [i for i, (kind, text) in enumerate(sent)
+               if kind == "Parse" and "INSERT INTO" in text]
+    assert len(inserts) == 3, sent
+    # psycopg follows the pipeline's BEGIN with a Sync of its own; after that, one for all
+    syncs = [i for i, kind in enumerate(kinds) if kind == "Sync" and i > inserts[0]]
+    assert len(syncs) == 1 and syncs[0] > inserts[-1], sent
+    assert any("pg_notify" in text for _, text in sent[inserts[-1]:syncs[0]]), sent
+    assert "COMMIT" in sent[-1][1], sent
+    assert TaskRecord.objects.count() == 10

@@ -209,10 +209,16 @@ def test_enqueue_many_stores_what_enqueue_stores():
         r.pk.version == 4 for r in rows.values())
 
 
-def test_enqueue_many_of_thousands_in_one_statement(django_assert_max_num_queries):
-    with django_assert_max_num_queries(4):  # BEGIN/INSERT/NOTIFY/COMMIT at most
-        results = tasks.add.enqueue_many([([i, i], {}) for i in range(2000)])
-    assert TaskRecord.objects.count() == 2000
+def test_enqueue_many_of_thousands_in_a_statement_per_batch(django_assert_max_num_queries):
+    from django_dbworker.claims import newtasks
+
+    batches = 3
+    count = newtasks.BATCH * (batches - 1) + 1
+    with django_assert_max_num_queries(batches + 3) as captured:  # BEGIN/NOTIFY/COMMIT
+        results = tasks.add.enqueue_many([([i, i], {}) for i in range(count)])
+    inserts = [q for q in captured.captured_queries if "INSERT INTO" in q["sql"]]
+    assert len(inserts) == batches
+    assert TaskRecord.objects.count() == count
     assert TaskRecord.objects.get(pk=results[1234].id).args == [1234, 1234]
 
 

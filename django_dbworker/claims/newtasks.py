@@ -1,4 +1,4 @@
-"""New task rows: built as plain values and stored in one statement (enqueue -> READY).
+"""New task rows: built as plain values and stored a batch per statement (enqueue -> READY).
 
 ``enqueue_many`` of thousands of calls is bound by what Python does per row, so a new row
 is not a model instance: it is a ``NewTask`` (the attributes ``results.to_result`` reads),
@@ -6,10 +6,11 @@ and the rows of one call share everything but their id and arguments. Per row th
 only what cannot be shared: an id (a string, cut from one read of random bytes), the
 arguments normalised by ``plain`` (``normalize_json`` with a fast path for builtin
 containers) and, on PostgreSQL, a place in one JSON text of ``[id, args, kwargs]`` triples
-encoded by one C call (``encode``). They are stored with one statement that names every
-column of ``TaskRecord``: on PostgreSQL one ``INSERT ... SELECT ... FROM
-jsonb_array_elements(payload)``, elsewhere one ``executemany``. A keyed call (one row) goes
-through ``bulk_create(ignore_conflicts=True)``.
+encoded by one C call (``encode``). They are stored ``BATCH`` at a time, a statement per
+batch that names every column of ``TaskRecord``: on PostgreSQL ``INSERT ... SELECT ...
+FROM jsonb_array_elements(payload)``, pipelined (``taskstore.insert_batches``), elsewhere
+an ``executemany``. A keyed call (one row) goes through
+``bulk_create(ignore_conflicts=True)``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from django.utils.json import normalize_json
 
 from ..models import TaskRecord, TaskStatus
 
+#: Rows per statement of one enqueue call: small enough that the first batch reaches the
+#: server soon (it stores a batch while the next is built), large enough that a statement's
+#: own cost (parse, plan, a round trip) is spread over many rows.
+BATCH = 1000
 #: The columns that differ between the rows of one enqueue call.
 PER_ROW = ("id", "args", "kwargs")
 #: A keyed task's id is uuid5(KEY_NAMESPACE, key).

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,7 +33,7 @@ from django.db.models import Case, F, Func, JSONField, When
 from django.utils import timezone
 
 from .. import compiled, conf, notify, sources
-from ..db import execute_status
+from ..db import execute_status, pipelined
 from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
 from . import newtasks
 from .queries import in_states
@@ -95,12 +95,10 @@ def insert(rows: list[newtasks.NewTask], *, idempotency_key: str | None,
            payload: str | None = None) -> list[newtasks.NewTask | TaskRecord]:
     """Store new task rows in one statement; with a key, return the row holding it.
     ``payload``: ``newtasks.encode(rows)`` if the caller has it."""
-    using = _alias()
     if idempotency_key is None:
-        with transaction.atomic(using=using):
-            newtasks.insert(rows, using, payload)
-            notify.announce(using, "task")
+        insert_batches([(rows, payload)])
         return list(rows)
+    using = _alias()
     manager = TaskRecord.objects.using(using)
     try:
         with transaction.atomic(using=using):
@@ -109,6 +107,23 @@ def insert(rows: list[newtasks.NewTask], *, idempotency_key: str | None,
     except IntegrityError:  # pragma: no cover - ignore_conflicts covers the key
         pass
     return [manager.get(idempotency_key=idempotency_key)]
+
+
+def insert_batches(batches: Iterable[tuple[list[newtasks.NewTask], str | None]]) -> None:
+    """Store new task rows without an idempotency key, a statement per batch of
+    ``(rows, payload)`` (``newtasks.encode(rows)``, or None: made here if needed), all in
+    one transaction.
+
+    On PostgreSQL the statements are pipelined (``db.pipelined``): each batch is sent as
+    soon as ``batches`` gives it, and the server stores it while the next is built, so the
+    Python work per row and the server's run side by side instead of one after the other.
+    An exception from ``batches`` (a call that is not JSON) or from the server rolls every
+    batch back."""
+    using = _alias()
+    with transaction.atomic(using=using), pipelined(using):
+        for rows, payload in batches:
+            newtasks.insert(rows, using, payload)
+        notify.announce(using, "task")
 
 
 def key_exists(key: str) -> bool:
