@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -296,3 +297,29 @@ def test_batches_go_to_postgres_in_one_pipeline(small_batches, vendor, tmp_path)
     assert any("pg_notify" in text for _, text in sent[inserts[-1]:syncs[0]]), sent
     assert "COMMIT" in sent[-1][1], sent
     assert TaskRecord.objects.count() == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_are_stored_as_the_orm_stores_them() -> None:
+    """Every column of a row from ``enqueue_many`` is what ``Model.save()`` stores for the
+    same call (``NewTask.record()``: the model's defaults for what enqueue does not set),
+    for calls of different options one after the other: the statement is made once per
+    database and must not carry one call's values into the next."""
+    from dataclasses import fields
+
+    columns = [f.attname for f in TaskRecord._meta.concrete_fields if f.name != "id"]
+    calls = [((1, 2), {"k": [3]}), ((), {})]
+    for task in (tasks.add, tasks.add.using(priority=7, run_after=timedelta(hours=1)),
+                 tasks.add):
+        for result in task.enqueue_many(calls):
+            stored = TaskRecord.objects.get(pk=result.id)
+            shared = newtasks.Shared(**{f.name: getattr(stored, f.name)
+                                        for f in fields(newtasks.Shared)})
+            twin = newtasks.NewTask(str(uuid.uuid4()), stored.args, stored.kwargs,
+                                    shared).record()
+            twin.save(force_insert=True)
+            twin = TaskRecord.objects.get(pk=twin.pk)
+            assert {c: getattr(stored, c) for c in columns} == \
+                {c: getattr(twin, c) for c in columns}
+            assert stored.priority == task.priority
+            assert (stored.run_after is None) == (task.run_after is None)

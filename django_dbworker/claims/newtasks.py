@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -198,38 +198,96 @@ def insert(rows: list[NewTask], using: str, payload: str | None = None) -> None:
     if not rows:
         return
     connection = connections[using]
+    statement = _statement(connection)
+    params = statement.shared_params(rows[0].shared, connection)
+    if connection.vendor == "postgresql":
+        params.append(encode(rows) if payload is None else payload)
+        with connection.cursor() as cursor:
+            cursor.execute(statement.sql, params)
+        return
+    # One row of parameters per row: the shared values with the row's own in their slots.
+    slot_id, slot_args, slot_kwargs = statement.slots
+    native = connection.features.has_native_uuid_field
+    encoder = _JSON.encode
+
+    def values(row: NewTask) -> list[Any]:
+        values = params.copy()
+        # UUIDField keeps 32 hex digits where the database has no uuid type
+        values[slot_id] = row.id if native else row.id.replace("-", "")
+        values[slot_args], values[slot_kwargs] = encoder(row.args), encoder(row.kwargs)
+        return values
+
+    with connection.cursor() as cursor:
+        cursor.executemany(statement.sql, [values(r) for r in rows])
+
+
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    """``insert``'s statement for one connection, and what its parameters are made of.
+
+    Made once per database alias: naming and typing ~30 columns costs more than storing a
+    row (a tenth of a millisecond per ``enqueue()``). On PostgreSQL the parameters are the
+    values every row shares, then the payload; elsewhere one list per row, where
+    ``slots`` says where a row's own values go.
+    """
+
+    sql: str
+    #: The parameters, the values of fresh rows (FRESH, the fields' defaults) prepared once;
+    #: the places of ``Shared``'s values hold None.
+    template: list[Any]
+    #: (place in ``template``, field) for each value taken from the call's ``Shared``.
+    from_call: list[tuple[int, Any]]
+    #: Places of id, args, kwargs in a row's parameters (not PostgreSQL).
+    slots: tuple[int, int, int]
+
+    def shared_params(self, shared: Shared, connection: Any) -> list[Any]:
+        params = self.template.copy()
+        for place, field in self.from_call:
+            params[place] = field.get_db_prep_save(getattr(shared, field.name), connection)
+        return params
+
+
+_STATEMENTS: dict[tuple[str, str], _Statement] = {}
+_SHARED_FIELDS = frozenset(f.name for f in fields(Shared))
+
+
+def _statement(connection: Any) -> _Statement:
+    key = (connection.alias, connection.vendor)
+    found = _STATEMENTS.get(key)
+    if found is None:
+        found = _STATEMENTS[key] = _make_statement(connection)
+    return found
+
+
+def _make_statement(connection: Any) -> _Statement:
     columns = TaskRecord._meta.concrete_fields
-    shared = {f.name: f.get_db_prep_save(getattr(rows[0], f.name, f.get_default()), connection)
-              for f in columns if f.name not in PER_ROW}
     quote = connection.ops.quote_name
     head = (f"INSERT INTO {quote(TaskRecord._meta.db_table)} "
             f"({', '.join(quote(f.column) for f in columns)})")
-    if connection.vendor == "postgresql":
+    postgres = connection.vendor == "postgresql"
+    # On PostgreSQL the parameters are the shared columns only; elsewhere every column.
+    listed = [f for f in columns if f.name not in PER_ROW] if postgres else list(columns)
+    template: list[Any] = []
+    from_call = []
+    for place, f in enumerate(listed):
+        if f.name in _SHARED_FIELDS:
+            from_call.append((place, f))
+            template.append(None)
+        elif f.name in PER_ROW:
+            template.append(None)
+        else:
+            value = FRESH[f.name] if f.name in FRESH else f.get_default()
+            template.append(f.get_db_prep_save(value, connection))
+    names = [f.name for f in columns]
+    slots = (names.index("id"), names.index("args"), names.index("kwargs"))
+    if postgres:
         # The per-row values travel as one JSON array of [id, args, kwargs] (one string
         # parameter, cheap to send); every value is typed, as the SELECT list gives the
         # INSERT no column types to infer.
         per_row = {"id": "(e->>0)::uuid", "args": "e->1", "kwargs": "e->2"}
         select = ", ".join(per_row[f.name] if f.name in PER_ROW
                            else f"%s::{f.db_type(connection)}" for f in columns)
-        params = [shared[f.name] for f in columns if f.name not in PER_ROW]
-        params.append(encode(rows) if payload is None else payload)
-        with connection.cursor() as cursor:
-            cursor.execute(f"{head} SELECT {select} FROM jsonb_array_elements(%s::jsonb) e",
-                           params)
-        return
-    template = [shared.get(f.name) for f in columns]
-    slots = [i for i, f in enumerate(columns) if f.name in PER_ROW]
-    assert [columns[i].name for i in slots] == list(PER_ROW)
-    native = connection.features.has_native_uuid_field
-    encoder = _JSON.encode
-
-    def values(row: NewTask) -> list[Any]:
-        params = template.copy()
-        # UUIDField keeps 32 hex digits where the database has no uuid type
-        params[slots[0]] = row.id if native else row.id.replace("-", "")
-        params[slots[1]], params[slots[2]] = encoder(row.args), encoder(row.kwargs)
-        return params
-
-    with connection.cursor() as cursor:
-        cursor.executemany(f"{head} VALUES ({', '.join(['%s'] * len(columns))})",
-                           [values(r) for r in rows])
+        sql = f"{head} SELECT {select} FROM jsonb_array_elements(%s::jsonb) e"
+    else:
+        sql = f"{head} VALUES ({', '.join(['%s'] * len(columns))})"
+    return _Statement(sql, template, from_call, slots)
