@@ -5,7 +5,8 @@ a time for comparison?
                                       [--loop 1000] [--runs 5]
 
 For each database (its own, created and removed here): ``--runs`` times, alternately,
-``noop.enqueue_many([((), {})] * --tasks)`` (one transaction, one multi-row INSERT),
+``noop.enqueue_many([((), {})] * --tasks)`` (one transaction, a multi-row INSERT per
+1,000 calls, pipelined on PostgreSQL),
 ``touch.enqueue_many([((i,), {"note": "n<i>"}) for i in range(--tasks)])`` (the same with
 arguments that differ per call, as most real calls) and a loop of ``--loop`` calls of
 ``noop.enqueue()`` (each its own transaction, as a web request would), on an emptied task
