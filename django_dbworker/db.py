@@ -297,11 +297,12 @@ def pipelined(using: str) -> Iterator[None]:
     connection.ensure_connection()
     raw = connection.connection
     try:
+        import psycopg
         from psycopg import Pipeline
     except ImportError:  # psycopg2
         yield
         return
-    if not Pipeline.is_supported():
+    if not Pipeline.is_supported() or not isinstance(raw, psycopg.Connection):
         yield
         return
     # An error the pipeline's end fetches comes from psycopg, not from Django's cursor:
