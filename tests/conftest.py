@@ -141,3 +141,24 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(0.05)
+
+
+def sent_to_postgres(call: Callable[[], object], folder: Path) -> tuple[object, list[list[str]]]:
+    """``call()`` with libpq's protocol trace on Django's connection (PostgreSQL); returns
+    its value and the messages the client sent, each as its tab-separated fields after the
+    direction and length: ``[type, text...]`` (``["Query", '"SELECT 1"']``, ``["Sync"]``)."""
+    from django.db import connection
+    from psycopg import pq
+
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    trace = folder / "libpq.trace"
+    with open(trace, "w") as f:
+        pgconn.trace(f.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            value = call()
+        finally:
+            pgconn.untrace()
+    lines = [line.split("\t") for line in trace.read_text().splitlines()]
+    return value, [fields[2:] for fields in lines if fields[:1] == ["F"]]

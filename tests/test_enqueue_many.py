@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.tasks.signals import task_enqueued
 
 from django_dbworker.backend import DBWorkerBackend, send_enqueued
@@ -18,6 +18,7 @@ from django_dbworker.claims import newtasks
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import TaskRecord
 from django_dbworker.results import new_results
+from tests.conftest import sent_to_postgres
 from tests.testapp import tasks
 from tests.testapp.models import Item
 
@@ -272,21 +273,9 @@ def test_batches_go_to_postgres_in_one_pipeline(small_batches, vendor, tmp_path)
     results: one Sync for all of them (psycopg's pipeline), then the COMMIT."""
     if vendor != "postgresql":
         pytest.skip("psycopg's pipeline mode")
-    from psycopg import pq
-
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
-    trace = tmp_path / "libpq.trace"
-    with open(trace, "w") as f:
-        pgconn.trace(f.fileno())
-        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-        try:
-            tasks.add.enqueue_many([((i, i), {}) for i in range(10)])
-        finally:
-            pgconn.untrace()
-    sent = [line.split("\t") for line in trace.read_text().splitlines()]
-    sent = [(fields[2], fields[3] if len(fields) > 3 else "") for fields in sent
-            if fields[0] == "F"]
+    _, messages = sent_to_postgres(
+        lambda: tasks.add.enqueue_many([((i, i), {}) for i in range(10)]), tmp_path)
+    sent = [(m[0], m[1] if len(m) > 1 else "") for m in messages]
     kinds = [kind for kind, _ in sent]
     inserts = [i for i, (kind, text) in enumerate(sent)
                if kind == "Parse" and "INSERT INTO" in text]

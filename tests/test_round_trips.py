@@ -17,6 +17,7 @@ from django_dbworker.claims import store
 from django_dbworker.claims.store import Claimant
 from django_dbworker.models import Execution, State
 from django_dbworker.runner import run
+from tests.conftest import sent_to_postgres
 from tests.testapp.models import Effect, Item, Solo
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,26 +30,10 @@ def _claim(worker, pk):
 
 
 def _queries_sent(call, tmp_path):
-    """``call()`` with libpq's protocol trace on Django's connection; returns its value and
-    the text of every Query message sent (the simple protocol of client-side binding)."""
-    from psycopg import pq
-
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
-    trace = tmp_path / "libpq.trace"
-    with open(trace, "w") as f:
-        pgconn.trace(f.fileno())
-        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-        try:
-            value = call()
-        finally:
-            pgconn.untrace()
-    sent = []
-    for line in trace.read_text().splitlines():
-        fields = line.split("\t")
-        if fields[:1] == ["F"] and fields[2:3] == ["Query"]:
-            sent.append(fields[3].strip().strip('"'))
-    return value, sent
+    """``call()`` with libpq's protocol trace on; returns its value and the text of every
+    Query message sent (the simple protocol of client-side binding)."""
+    value, sent = sent_to_postgres(call, tmp_path)
+    return value, [m[1].strip().strip('"') for m in sent if m[:1] == ["Query"]]
 
 
 @pytest.fixture
