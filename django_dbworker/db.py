@@ -1,4 +1,4 @@
-"""Connection set-up our processes rely on (SQLite pragmas, transaction markers)."""
+"""Connection set-up our processes rely on (SQLite pragmas, transaction markers, pipelines)."""
 
 from __future__ import annotations
 
