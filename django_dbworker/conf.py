@@ -29,6 +29,10 @@ class Config:
     #: forget the last fraction of a second of them: those units run again, as after a lost
     #: lease. A handler's writes always wait. See docs/operations.md.
     ASYNC_COMMIT: bool = True
+    #: PostgreSQL: the statements each row unit runs (its source-row read, its completion)
+    #: are prepared once per connection, so the server does not parse and plan them every
+    #: time (turn off behind a transaction-pooling PgBouncer). See docs/operations.md.
+    PREPARED_STATEMENTS: bool = True
     #: Seconds running handlers get to finish after SIGTERM before they are cut off.
     GRACE_PERIOD: float = 30.0
     #: Times a unit may kill its process (or lose its lease) before it is marked FAILED.
@@ -104,7 +108,7 @@ def _check(key: str, value: Any) -> None:
         except ValueError as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from None
         return
-    if key in ("NOTIFY", "ASYNC_COMMIT"):
+    if key in ("NOTIFY", "ASYNC_COMMIT", "PREPARED_STATEMENTS"):
         if not isinstance(value, bool):
             raise ImproperlyConfigured(f"{where} is {value!r}; it must be True or False.")
         return

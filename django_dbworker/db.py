@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any
 
-from django.db import OperationalError, connections
+from django.db import DatabaseError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField
 from django.db.models.expressions import RawSQL
 
-from . import conf
+from . import conf, prepared
 
 _UNSET: Any = object()
 
@@ -181,17 +181,17 @@ def execute_status(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     Elsewhere, and with server-side binding, the statement runs as it is. The cursor is
     left at the statement's own result.
     """
-    _execute(cursor, "SET LOCAL synchronous_commit = off; ", sql, params)
+    _execute(cursor, "SET LOCAL synchronous_commit = off", sql, params)
 
 
 #: Sent before a row's completion on PostgreSQL: no WAL flush at COMMIT for a transaction
 #: that wrote nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a
 #: transaction writes). ``set_config(..., true)`` is ``SET LOCAL``.
 STATUS_ONLY = ("SELECT set_config('synchronous_commit', 'off', true) "
-               "WHERE pg_current_xact_id_if_assigned() IS NULL; ")
+               "WHERE pg_current_xact_id_if_assigned() IS NULL")
 
 
-def execute_completion(cursor: Any, sql: str, params: Sequence[Any]) -> None:
+def execute_completion(cursor: Any, sql: str, params: Sequence[Any], then: str = "") -> None:
     """Execute a row's completion: the last statement of the transaction the handler ran
     in (transactional workers) or of its own (the others).
 
@@ -201,22 +201,33 @@ def execute_completion(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     task's completion does: a database crash may lose the status and the unit runs again;
     it never loses a write of the handler's, whose transactions still wait. Tested in the
     same query as the UPDATE (one round trip). The cursor is left at the UPDATE's result.
+
+    Both statements are prepared where ``prepared`` may (PostgreSQL, client-side binding).
+    ``then``: a statement to run after it in the same query (PostgreSQL: COMMIT).
     """
-    _execute(cursor, STATUS_ONLY, sql, params)
+    _execute(cursor, STATUS_ONLY, sql, params, prepare=True, then=then)
 
 
-def _execute(cursor: Any, asynchronous: str, sql: str, params: Sequence[Any]) -> None:
+def _execute(cursor: Any, asynchronous: str, sql: str, params: Sequence[Any], *,
+             prepare: bool = False, then: str = "") -> None:
     """``sql`` preceded in the same query by ``asynchronous`` where it applies (see
-    ``_async_commit``; the cursor is left at ``sql``'s result); on SQLite in autocommit,
-    with short waits for the write lock."""
+    ``_async_commit``; the cursor is left at ``sql``'s result) and followed by ``then``;
+    with ``prepare``, both as prepared statements where they may be (``prepared``); on
+    SQLite in autocommit, with short waits for the write lock."""
+    after = f"; {then}" if then else ""
     if _async_commit(cursor):
-        cursor.execute(asynchronous + sql, params)
+        with prepared.recovering(cursor.db):
+            if prepare:
+                asynchronous = prepared.query(cursor, asynchronous)
+                sql = prepared.query(cursor, sql)
+            cursor.execute(f"{asynchronous}; {sql}{after}", params)
         cursor.nextset()
     elif cursor.db.vendor == "sqlite" and cursor.db.get_autocommit() \
             and getattr(cursor.db, "_dbworker_short_waits", False):
-        _with_short_waits(cursor.db, lambda: cursor.execute(sql, params))
+        _with_short_waits(cursor.db, lambda: cursor.execute(sql + after, params))
     else:
-        cursor.execute(sql, params)
+        with prepared.recovering(cursor.db):
+            cursor.execute((prepared.query(cursor, sql) if prepare else sql) + after, params)
 
 
 def _async_commit(cursor: Any) -> bool:
@@ -238,7 +249,8 @@ def binds_on_client(connection: BaseDatabaseWrapper) -> bool:
     return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)
 
 
-def execute_first(cursor: Any, sql: str, params: Sequence[Any]) -> None:
+def execute_first(cursor: Any, sql: str, params: Sequence[Any], *,
+                  prepare: bool = False) -> None:
     """Execute ``sql`` as the first statement of the transaction ``transaction.atomic()``
     just opened; the cursor is left at its result.
 
@@ -247,18 +259,38 @@ def execute_first(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     BEGIN as psycopg words it, with the connection's isolation level): a transactional
     handler starts a round trip sooner, the most part of a millisecond when the database
     was idle. Anywhere else, or when the transaction has begun, ``sql`` runs as it is.
+
+    ``prepare``: as a prepared statement where ``prepared`` may. Statements waiting to be
+    prepared are prepared first, before the transaction begins; if the session lost the
+    statement (``prepared.lost``), the transaction, which has run nothing else, is rolled
+    back and begun again with ``sql`` unprepared.
     """
     raw = _beginning(cursor)
     if raw is None:
-        cursor.execute(sql, params)
+        with prepared.recovering(cursor.db):
+            cursor.execute(prepared.query(cursor, sql) if prepare else sql, params)
         return
     begin = raw._get_tx_start_command().decode()
     raw._autocommit = True  # for this query only: psycopg would send its own BEGIN first
     try:
-        cursor.execute(f"{begin}; {sql}", params)
+        run = prepared.query(cursor, sql) if prepare else sql
+        try:
+            with prepared.recovering(cursor.db):
+                cursor.execute(f"{begin}; {run}", params)
+        except DatabaseError as exc:
+            if run is sql or not prepared.lost(exc):
+                raise
+            raw.rollback()
+            cursor.execute(f"{begin}; {sql}", params)
     finally:
         raw._autocommit = False
     cursor.nextset()
+
+
+def execute_prepared(cursor: Any, sql: str, params: Sequence[Any]) -> None:
+    """Execute ``sql`` as a prepared statement where ``prepared`` may, else as it is."""
+    with prepared.recovering(cursor.db):
+        cursor.execute(prepared.query(cursor, sql), params)
 
 
 def _beginning(cursor: Any) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from . import conf, keys, progress, sources
+from . import conf, keys, prepared, progress, sources
 from .claims import pending, store
 from .claims.store import Claim, FailureInfo
 from .context import Context
@@ -66,6 +66,8 @@ def run(c: Claim) -> Result:
             raise  # the database is unreachable: the caller reconnects; the lease expires
         return _record_failure(c, exc, started)
     except BaseException as exc:
+        if prepared.lost(exc):
+            raise  # not the unit's fault: the caller opens a new session; the unit goes back
         return _record_failure(c, exc, started)
     finally:
         pending.running.reset(token)

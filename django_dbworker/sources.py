@@ -19,7 +19,7 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import connections, models
 
-from .db import execute_first
+from .db import execute_first, execute_prepared
 from .keys import pk_field
 
 
@@ -42,9 +42,9 @@ class Reader:
         params[self.slot] = pk
         with connections[using].cursor() as cursor:
             if first:
-                execute_first(cursor, self.sql, params)
+                execute_first(cursor, self.sql, params, prepare=True)
             else:
-                cursor.execute(self.sql, params)
+                execute_prepared(cursor, self.sql, params)
             rows = cursor.fetchall()
         if not rows:
             return None

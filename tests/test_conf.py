@@ -35,6 +35,8 @@ def test_defaults():
         ({"PREFETCH": -1}, r"PREFETCH'\] is -1; it must be an integer >= 0"),
         ({"PREFETCH": 1.5}, r"PREFETCH'\] is 1.5; it must be an integer >= 0"),
         ({"ASYNC_COMMIT": "no"}, r"ASYNC_COMMIT'\] is 'no'; it must be True or False"),
+        ({"PREPARED_STATEMENTS": 1},
+         r"PREPARED_STATEMENTS'\] is 1; it must be True or False"),
         ({"DATABASE": "other"}, r"DATABASE'\] is 'other'; it must name a database"),
         ({"LEASE": 3}, r"unknown keys 'LEASE'; known keys are .*LEASE_SECONDS"),
         ([("LEASE_SECONDS", 3)], r"DBWORKER must be a dict, not list"),

@@ -45,7 +45,10 @@ def postgres(vendor):
 # ----- the queries sent --------------------------------------------------------------------
 
 
-def test_a_unit_sends_begin_with_its_read_and_commit_with_its_completion(postgres, tmp_path):
+def test_a_unit_sends_begin_with_its_read_and_commit_with_its_completion(postgres, tmp_path,
+                                                                          settings):
+    # The statements as they are (tests/test_prepared.py: the same three queries prepared).
+    settings.DBWORKER = {**settings.DBWORKER, "PREPARED_STATEMENTS": False}
     row = Solo.objects.create()
     c = _claim("solo", row.pk)
     result, sent = _queries_sent(lambda: run(c), tmp_path)
@@ -67,7 +70,8 @@ def test_with_sibling_workers_the_completion_leaves_commit_to_django(postgres, t
     c = _claim("touch", item.pk)
     result, sent = _queries_sent(lambda: run(c), tmp_path)
     assert result.outcome == "finished"
-    assert sent[0].startswith("BEGIN; SELECT "), sent
+    assert [q for q in sent if q.startswith("BEGIN; ")] == [sent[1 if sent[0].startswith(
+        "PREPARE") else 0]], sent  # the read (PREPAREd first, outside the transaction)
     assert sent[-1] == "COMMIT" and not any(q.endswith("; COMMIT") for q in sent), sent
 
 

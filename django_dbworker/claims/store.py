@@ -293,12 +293,12 @@ def complete_and_commit(c: Claim, outcome: Outcome, begun: datetime) -> int:
         f"WHEN transaction_timestamp() <> %s THEN CAST('{_ENDED} ' || "
         "transaction_timestamp() AS integer) "
         f"WHEN count(*) = 0 THEN CAST('{_NOT_CURRENT} ' || count(*) AS integer) END "
-        "FROM done; COMMIT"
+        "FROM done"
     )
     begun = Execution._meta.get_field("started_at").get_db_prep_save(begun, connection)
     with connection.cursor() as cursor:
         try:
-            execute_completion(cursor, guarded, [*params, begun])
+            execute_completion(cursor, guarded, [*params, begun], then="COMMIT")
         except DataError as exc:
             if _NOT_CURRENT in str(exc):
                 return 0

@@ -94,6 +94,12 @@ def _act(item, name, context=None):
         transaction.on_commit(lambda: Effect.objects.create(item_id=item.pk,
                                                             worker=f"{name}:on_commit"))
         return Finished()
+    if action == "deallocate_first":  # PostgreSQL: the session loses its prepared
+        # statements on the unit's first attempt, as behind a transaction-pooling PgBouncer
+        if workers[name].state(item.pk)["attempts"] <= 1:
+            with connection.cursor() as cursor:
+                cursor.execute("DEALLOCATE ALL")
+        return Finished()
     if action == "delete_self":
         Item.objects.filter(pk=item.pk).delete()
         return Finished()
