@@ -232,11 +232,14 @@ def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[
             + (" AND lease_expires_at > %s" if live else "")
         )
     field = Execution._meta.get_field
-    params = [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
+    at = field("finished_at").get_db_prep_save(now, connection)  # once: two columns use it
+    params = [None if value is None else at if value is now
+              else field(name).get_db_prep_save(value, connection)
+              for name, value in values.items()]
     (from_state,) = TRANSITIONS["complete"]
     params += [c.execution_id, field("token").get_db_prep_save(c.token, connection), from_state]
     if live:
-        params.append(field("lease_expires_at").get_db_prep_save(now, connection))
+        params.append(at)
     return sql, params
 
 
