@@ -184,38 +184,47 @@ def execute_status(cursor: Any, sql: str, params: Sequence[Any]) -> None:
     _execute(cursor, "SET LOCAL synchronous_commit = off", sql, params)
 
 
-#: Sent before a row's completion on PostgreSQL: no WAL flush at COMMIT for a transaction
-#: that wrote nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a
-#: transaction writes). ``set_config(..., true)`` is ``SET LOCAL``.
-STATUS_ONLY = ("SELECT set_config('synchronous_commit', 'off', true) "
-               "WHERE pg_current_xact_id_if_assigned() IS NULL")
+#: The end of a row completion's WHERE on PostgreSQL: no WAL flush at COMMIT for a
+#: transaction that wrote nothing before it (``pg_current_xact_id_if_assigned()`` is NULL
+#: until a transaction writes; ``set_config(..., true)`` is ``SET LOCAL``). An uncorrelated
+#: subquery, so the server evaluates it once, before the UPDATE changes its row (which
+#: assigns the transaction an id); always true.
+STATUS_ONLY = (" AND (SELECT count(*) FROM (SELECT set_config('synchronous_commit', 'off', "
+               "true) WHERE pg_current_xact_id_if_assigned() IS NULL) AS status_only) >= 0")
+
+
+def status_only(connection: BaseDatabaseWrapper) -> str:
+    """What a row completion's WHERE ends with on ``connection`` (open): ``STATUS_ONLY``
+    with ``DBWORKER["ASYNC_COMMIT"]`` on PostgreSQL with client-side binding, else ""."""
+    return STATUS_ONLY if conf.get().ASYNC_COMMIT and binds_on_client(connection) else ""
 
 
 def execute_completion(cursor: Any, sql: str, params: Sequence[Any], then: str = "") -> None:
-    """Execute a row's completion: the last statement of the transaction the handler ran
-    in (transactional workers) or of its own (the others).
+    """Execute a row's completion (its WHERE ending with ``status_only()``): the last
+    statement of the transaction the handler ran in (transactional workers) or of its own
+    (the others).
 
     With ``DBWORKER["ASYNC_COMMIT"]`` on PostgreSQL, a transaction in which nothing was
     written before the completion (the handler wrote nothing to the database, or ran
     before it: ``transactional=False``) commits without waiting for the WAL flush, as a
     task's completion does: a database crash may lose the status and the unit runs again;
-    it never loses a write of the handler's, whose transactions still wait. Tested in the
-    same query as the UPDATE (one round trip). The cursor is left at the UPDATE's result.
+    it never loses a write of the handler's, whose transactions still wait. Tested by the
+    UPDATE itself (``STATUS_ONLY``).
 
-    Both statements are prepared where ``prepared`` may (PostgreSQL, client-side binding).
-    ``then``: a statement to run after it in the same query (PostgreSQL: COMMIT).
+    Prepared where ``prepared`` may (PostgreSQL, client-side binding). ``then``: a
+    statement to run after it in the same query (PostgreSQL: COMMIT).
     """
-    _execute(cursor, STATUS_ONLY, sql, params, prepare=True, then=then)
+    _execute(cursor, "", sql, params, prepare=True, then=then)
 
 
 def _execute(cursor: Any, asynchronous: str, sql: str, params: Sequence[Any], *,
              prepare: bool = False, then: str = "") -> None:
-    """``sql`` preceded in the same query by ``asynchronous`` where it applies (see
-    ``_async_commit``; the cursor is left at ``sql``'s result) and followed by ``then``;
+    """``sql`` preceded in the same query by ``asynchronous`` (if any) where it applies
+    (see ``_async_commit``; the cursor is left at ``sql``'s result) and followed by ``then``;
     with ``prepare``, both as prepared statements where they may be (``prepared``); on
     SQLite in autocommit, with short waits for the write lock."""
     after = f"; {then}" if then else ""
-    if _async_commit(cursor):
+    if asynchronous and _async_commit(cursor):
         with prepared.recovering(cursor.db):
             if prepare:
                 asynchronous = prepared.query(cursor, asynchronous)

@@ -34,7 +34,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from .. import compiled, conf, keys
-from ..db import execute_completion, execute_status
+from ..db import execute_completion, execute_status, status_only
 from ..models import CLAIMABLE, Execution, Failure, State
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
@@ -204,38 +204,26 @@ def _live(c: Claim, using: str, now: datetime) -> Any:
     return qs.filter(lease_expires_at__gt=now) if lease_live(using) else qs
 
 
-def _completed(outcome: Outcome, now: datetime) -> dict[str, Any]:
-    """The columns ``complete`` writes for ``outcome``."""
-    done = {"token": None, "lease_expires_at": None, "finished_at": now}
-    if isinstance(outcome, Finished):
-        return {"state": State.FINISHED, **done}
-    assert isinstance(outcome, Unfinished)
-    return {"state": State.UNFINISHED, "available_at": now + timedelta(seconds=outcome.seconds),
-            "crashes": 0, **done}
-
-
 def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[Any]]:
     """``complete``'s guarded UPDATE as SQL: it runs once per unit, so it is written out
-    rather than built with the ORM (the same guard as ``_live``)."""
+    rather than built with the ORM (the same guard as ``_live``). What is the same for
+    every unit (the states, NULLs, zero) is written into the statement; the parameters
+    are the unit's and the time's."""
     now = timezone.now()
-    values = _completed(outcome, now)
+    finished = isinstance(outcome, Finished)
     live = lease_live(connection.alias)
-    key = (connection.alias, live, tuple(values))
+    tail = status_only(connection)
+    key = (connection.alias, connection.vendor, live, finished, tail)
     sql = _completion_sql.get(key)
     if sql is None:
-        quote = connection.ops.quote_name
-        columns = ", ".join(f"{quote(Execution._meta.get_field(name).column)} = %s"
-                            for name in values)
-        sql = _completion_sql[key] = (
-            f"UPDATE {quote(Execution._meta.db_table)} SET {columns} "
-            "WHERE id = %s AND token = %s AND state = %s"
-            + (" AND lease_expires_at > %s" if live else "")
-        )
+        sql = _completion_sql[key] = _completion_statement(connection, live, finished) + tail
     field = Execution._meta.get_field
     at = field("finished_at").get_db_prep_save(now, connection)  # once: two columns use it
-    params = [None if value is None else at if value is now
-              else field(name).get_db_prep_save(value, connection)
-              for name, value in values.items()]
+    params = [at]
+    if not finished:
+        assert isinstance(outcome, Unfinished)
+        later = now + timedelta(seconds=outcome.seconds)
+        params.insert(0, field("available_at").get_db_prep_save(later, connection))
     (from_state,) = TRANSITIONS["complete"]
     params += [c.execution_id, field("token").get_db_prep_save(c.token, connection), from_state]
     if live:
@@ -243,7 +231,35 @@ def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[
     return sql, params
 
 
-_completion_sql: dict[tuple[str, bool, tuple[str, ...]], str] = {}
+def _completion_statement(connection: Any, live: bool, finished: bool) -> str:
+    """The UPDATE of ``_completion``; its parameters: [available_at], finished_at, id,
+    token, the state it completes from[, now]. That state is a parameter, not written in:
+    a plan made once for every unit (a prepared statement's) could then be proven to fit
+    the partial index of WORKING units, and read it by lease instead of the primary key."""
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        return quote(Execution._meta.get_field(name).column)
+
+    def state(value: str) -> str:
+        if not value.isalpha():  # only our State names come here
+            raise ValueError(f"not a state name: {value!r}")
+        return f"'{value}'"
+
+    to = State.FINISHED if finished else State.UNFINISHED
+    sets = [f"{column('state')} = {state(to)}", f"{column('token')} = NULL",
+            f"{column('lease_expires_at')} = NULL"]
+    if not finished:
+        sets += [f"{column('available_at')} = %s", f"{column('crashes')} = 0"]
+    sets.append(f"{column('finished_at')} = %s")
+    return (
+        f"UPDATE {quote(Execution._meta.db_table)} SET {', '.join(sets)} "
+        "WHERE id = %s AND token = %s AND state = %s"
+        + (" AND lease_expires_at > %s" if live else "")
+    )
+
+
+_completion_sql: dict[tuple[str, str, bool, bool, str], str] = {}
 
 
 def complete(c: Claim, outcome: Outcome) -> int:
