@@ -193,7 +193,7 @@ def test_the_prepared_completion_finds_its_unit_by_primary_key(postgres):
 
     for _ in range(8):
         run(_unit()[1])
-    row, c = _unit()
+    _, c = _unit()
     (sql,) = [sql for sql in prepared.prepared(connection) if "WITH done AS (UPDATE" in sql]
     now = timezone.now()
     with transaction.atomic(), connection.cursor() as cursor:

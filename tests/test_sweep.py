@@ -92,3 +92,28 @@ def test_orphans_go_range_by_range_and_running_units_stay():
     assert Execution.objects.get(worker="touch", source_id=str(items[4].pk)).state \
         == State.WORKING  # its handler finds the row gone and forgets it
     assert len(_units("loose")) == 10  # another worker's orphans are left to its own sweep
+
+
+def test_a_sweep_that_finds_nothing_never_waits_for_sqlites_write_lock(vendor, settings):
+    """Children hold SQLite's only write lock while they run units: a sweep with nothing
+    to add or remove must not queue for it (a delete of no rows would)."""
+    if vendor != "sqlite":
+        pytest.skip("SQLite's write lock")
+    import sqlite3
+
+    from django_dbworker import db
+
+    Item.objects.bulk_create([Item() for _ in range(7)])
+    Sweeper(workers["touch"], batch=3).sweep_all()
+    settings.DBWORKER = {**settings.DBWORKER, "SQLITE_BUSY_TIMEOUT": 0.05}
+    connection.close()
+    db.use_immediate_transactions(connection.alias)
+    connection.ensure_connection()
+    other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # a unit runs elsewhere
+    try:
+        assert Sweeper(workers["touch"], batch=3).sweep_all() == 0
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert len(_units("touch")) == 7
