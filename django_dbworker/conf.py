@@ -30,8 +30,9 @@ class Config:
     #: lease. A handler's writes always wait. See docs/operations.md.
     ASYNC_COMMIT: bool = True
     #: PostgreSQL: the statements each row unit runs (its source-row read, its completion)
-    #: are prepared once per connection, so the server does not parse and plan them every
-    #: time (turn off behind a transaction-pooling PgBouncer). See docs/operations.md.
+    #: are prepared once per connection of a runworkers child, so the server does not parse
+    #: and plan them every time (turn off behind a transaction-pooling PgBouncer). See
+    #: docs/operations.md.
     PREPARED_STATEMENTS: bool = True
     #: Seconds running handlers get to finish after SIGTERM before they are cut off.
     GRACE_PERIOD: float = 30.0

@@ -219,24 +219,22 @@ def execute_completion(cursor: Any, sql: str, params: Sequence[Any], then: str =
 
 def _execute(cursor: Any, asynchronous: str, sql: str, params: Sequence[Any], *,
              prepare: bool = False, then: str = "") -> None:
-    """``sql`` preceded in the same query by ``asynchronous`` (if any) where it applies
-    (see ``_async_commit``; the cursor is left at ``sql``'s result) and followed by ``then``;
-    with ``prepare``, both as prepared statements where they may be (``prepared``); on
+    """``sql`` (with ``prepare``, as a prepared statement where ``prepared`` may) preceded
+    in the same query by ``asynchronous``, if given, where it applies (see
+    ``_async_commit``; the cursor is left at ``sql``'s result) and followed by ``then``; on
     SQLite in autocommit, with short waits for the write lock."""
     after = f"; {then}" if then else ""
-    if asynchronous and _async_commit(cursor):
-        with prepared.recovering(cursor.db):
-            if prepare:
-                asynchronous = prepared.query(cursor, asynchronous)
-                sql = prepared.query(cursor, sql)
+    if prepare:
+        sql = prepared.query(cursor, sql)
+    with prepared.recovering(cursor.db):
+        if asynchronous and _async_commit(cursor):
             cursor.execute(f"{asynchronous}; {sql}{after}", params)
-        cursor.nextset()
-    elif cursor.db.vendor == "sqlite" and cursor.db.get_autocommit() \
-            and getattr(cursor.db, "_dbworker_short_waits", False):
-        _with_short_waits(cursor.db, lambda: cursor.execute(sql + after, params))
-    else:
-        with prepared.recovering(cursor.db):
-            cursor.execute((prepared.query(cursor, sql) if prepare else sql) + after, params)
+            cursor.nextset()
+        elif cursor.db.vendor == "sqlite" and cursor.db.get_autocommit() \
+                and getattr(cursor.db, "_dbworker_short_waits", False):
+            _with_short_waits(cursor.db, lambda: cursor.execute(sql + after, params))
+        else:
+            cursor.execute(sql + after, params)
 
 
 def _async_commit(cursor: Any) -> bool:

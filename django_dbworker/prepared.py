@@ -1,4 +1,5 @@
-"""The statements every row unit runs on PostgreSQL, prepared once per connection.
+"""The statements every row unit runs on PostgreSQL, prepared once per connection of a
+``runworkers`` child (``activate``).
 
 Django's psycopg cursors bind parameters on the client by default: each query goes to the
 server as text, which parses and plans it every time. For a unit's source-row read and its
@@ -58,12 +59,21 @@ class _Session:
 
 
 _sessions: WeakKeyDictionary[Any, _Session] = WeakKeyDictionary()
+_active = False  # this process runs units over and over: a runworkers child (``activate``)
 _off = False  # a session lost a statement: this process prepares no more
+
+
+def activate() -> None:
+    """Prepare statements in this process from now on (a ``runworkers`` child). Elsewhere
+    (web processes, whose connections may last one request, tests' ``run_until_idle``)
+    a PREPARE would cost more than it saves."""
+    global _active
+    _active = True
 
 
 def enabled(connection: BaseDatabaseWrapper) -> bool:
     """Whether statements are prepared on ``connection`` (open)."""
-    if _off or connection.vendor != "postgresql":
+    if not _active or _off or connection.vendor != "postgresql":
         return False
     from .db import binds_on_client
 

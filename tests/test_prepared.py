@@ -29,8 +29,9 @@ def postgres(vendor):
     if vendor != "postgresql":
         pytest.skip("prepared statements are PostgreSQL's")
     connection.close()  # a new session: nothing prepared yet
+    prepared.activate()  # as a runworkers child does
     yield
-    prepared._off = False  # a test may have turned preparing off for this process
+    prepared._active = prepared._off = False  # a test may have turned preparing off
     connection.close()
 
 
@@ -89,6 +90,18 @@ def test_a_prepare_never_runs_inside_a_transaction(postgres, tmp_path):
     assert [q.split()[0] for q in sent] == ["PREPARE", "BEGIN;", "INSERT", "EXECUTE"], sent
     assert "WITH done AS (UPDATE" in sent[0] and "set_config" in sent[0], sent
     assert _finished(first) and _finished(second)
+
+
+def test_only_runworkers_children_prepare(vendor, tmp_path):
+    """Elsewhere (a web process, whose connection may last one request; a test's
+    ``run_until_idle``) the same reads and completions run unprepared."""
+    if vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    row, c = _unit()
+    result, sent = _run_traced(c, tmp_path)
+    assert result.outcome == "finished" and _finished(row)
+    assert not any("PREPARE" in q or "EXECUTE" in q for q in sent), sent
+    assert not prepared.prepared(connection)
 
 
 def test_placeholders_become_numbered_parameters():

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from .. import prepared
 from ..completions import Completions, Kept
 from ..db import use_immediate_transactions
 from . import units
@@ -43,6 +44,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(parent_pid)
     use_immediate_transactions(using)
+    prepared.activate()
     completions = Completions(using)
     report: list[tuple[Any, ...]] = []
     done = 0
