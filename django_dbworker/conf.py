@@ -40,7 +40,7 @@ class Config:
     MAX_CRASHES: int = 3
     #: Seconds between sweeps that find source rows written without ``Model.save()``.
     SWEEP_INTERVAL: float = 60.0
-    #: Source rows looked at per sweep statement.
+    #: Source rows (then executions) looked at per sweep step.
     SWEEP_BATCH: int = 1000
     #: Child processes per supervisor when ``runworkers --concurrency`` is not given.
     CONCURRENCY: int = max(os.cpu_count() or 1, 1)
