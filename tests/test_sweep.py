@@ -76,6 +76,13 @@ def test_uuid_and_text_keys_are_swept_in_ranges(model, worker, make):
     assert Sweeper(workers[worker], batch=2).sweep_all() == 7
     assert _units(worker) == sorted(keys.to_key(model, r.pk, "default") for r in rows)
     assert Sweeper(workers[worker], batch=2).sweep_all() == 0
+    gone = rows.pop(3)
+    model.objects.filter(pk=gone.pk).delete()  # its post_delete removes its unit ...
+    unit = Execution.objects.create(worker=worker, source_id=keys.to_key(
+        model, gone.pk, "default"), sort_key=0, state=State.FINISHED)  # ... put it back
+    Sweeper(workers[worker], batch=2).sweep_all()  # the orphan goes, the others stay
+    assert not Execution.objects.filter(pk=unit.pk).exists()
+    assert _units(worker) == sorted(keys.to_key(model, r.pk, "default") for r in rows)
 
 
 def test_orphans_go_range_by_range_and_running_units_stay():
