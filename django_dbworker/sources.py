@@ -58,6 +58,7 @@ class Reader:
 
 
 _readers: dict[Hashable, Reader | None] = {}
+_UNKNOWN: Any = object()
 
 
 def get(model: type[models.Model], pk: Any, using: str,
@@ -66,12 +67,13 @@ def get(model: type[models.Model], pk: Any, using: str,
 
     ``first``: the read is the first statement of the transaction just opened (its BEGIN
     may go with it: ``db.execute_first``)."""
-    manager = model._default_manager.db_manager(using)
     key = (using, connections[using].vendor, model, tuple(annotations or ()))
-    if key not in _readers:
-        _readers[key] = _reader(manager, annotations or {}, using)
-    reader = _readers[key]
+    reader = _readers.get(key, _UNKNOWN)
+    if reader is _UNKNOWN:  # the manager is copied for the database only then (a tenth
+        manager = model._default_manager.db_manager(using)  # of a cached read's time)
+        reader = _readers[key] = _reader(manager, annotations or {}, using)
     if reader is None:
+        manager = model._default_manager.db_manager(using)
         qs = manager.annotate(**annotations) if annotations else manager.all()
         return qs.get(pk=pk)
     instance = reader.read(model, _prep(model, pk, using), using, first)
