@@ -1,19 +1,21 @@
 """The tools users would pick instead, measured the same way in the same run.
 
     .venv/bin/python bench/peers.py [--peers celery,procrastinate,tasksdb,djangoq2,huey]
-                                    [--jobs 5000] [--runs 2] [--samples 50] [--quick]
+                                    [--jobs 5000] [--runs 2] [--budget S] [--samples 50]
+                                    [--quick]
 
 For each peer, in a virtualenv of its own (``bench/.peers/<peer>``, made with this
 interpreter's base Python and the pinned ``REQUIREMENTS`` of ``bench/peers/peer_<peer>.py``,
 installed from PyPI; made again only when missing or when the pins or the Python change):
 ``bench/peers/driver.py`` runs with that virtualenv's Python, enqueues ``--jobs`` no-op jobs,
 starts the peer's own workers (two processes, or one with concurrency 2), times the drain
-(``per_s``; ``net_per_s`` without the workers' start-up), ``--runs`` times (median), then,
-with the workers idle, ``--samples`` times the latency from an enqueue's commit to its
-handler's start. PostgreSQL peers get a database ``dbworker_bench_<pid>_<peer>``, dropped at
-the end; Celery gets a Redis database number of its own (``--redis-db``), emptied with
-FLUSHDB; Huey a SQLite file in a temporary folder. A peer that cannot be installed or run is
-recorded with the reason; the others still run.
+(``per_s``; ``net_per_s`` without the workers' start-up), ``--runs`` times (median; with
+``--budget``, no more once another drain would take its drains past that many seconds),
+and, with the workers idle after the first drain, ``--samples`` times the latency from an
+enqueue's commit to its handler's start. PostgreSQL peers get a database
+``dbworker_bench_<pid>_<peer>``, dropped at the end; Celery gets a Redis database number of
+its own (``--redis-db``), emptied with FLUSHDB; Huey a SQLite file in a temporary folder. A
+peer that cannot be installed or run is recorded with the reason; the others still run.
 
 Writes bench/results/peers.json and prints a Markdown table.
 """
@@ -52,6 +54,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5_000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=50)
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of drains per peer after which it is drained no "
+                             "more (at least once): the quick ones get all --runs")
     parser.add_argument("--redis-db", type=int, default=13,
                         help="the Redis database number Celery may empty (FLUSHDB)")
     parser.add_argument("--quick", action="store_true",
@@ -74,7 +79,8 @@ def main() -> None:
         "machine": benchlib.machine(),
         "loadavg_1m_5m_15m": loads,
         "seconds": round(time.monotonic() - started, 1),
-        "config": {"jobs": args.jobs, "runs": args.runs, "samples": args.samples,
+        "config": {"jobs": args.jobs, "runs": args.runs, "budget_s": args.budget,
+                   "samples": args.samples,
                    "quick": args.quick, "redis_db": args.redis_db,
                    "job": "a no-op (returns None); stamp: writes time.time() to a file",
                    "per_s": "jobs / (workers launched -> nothing left), median of runs",
@@ -225,7 +231,8 @@ def run_driver(name: str, args: argparse.Namespace, extra: dict[str, str]) -> di
            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE", "PYTHONHOME")}
     env.update(extra, PYTHONPATH=str(CODE), VIRTUAL_ENV=str(VENVS / name),
                PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}")
-    config = {"jobs": args.jobs, "runs": args.runs, "samples": args.samples}
+    config = {"jobs": args.jobs, "runs": args.runs, "samples": args.samples,
+              "budget_s": args.budget}
     with tempfile.TemporaryDirectory(prefix="dbworker_bench_peer_") as folder:
         config_file, out = Path(folder) / "config.json", Path(folder) / "out.json"
         config_file.write_text(json.dumps(config))

@@ -7,10 +7,12 @@ and the raw SQL reference, alternating, 3 runs of 5,000), ``enqueue.py`` (enqueu
 10,000 and a loop of enqueue()), ``latency.py`` (idle latency and idle cost) and
 ``claim_cost.py`` (claim cost at 1,000 and 1,000,000 finished rows) and, PostgreSQL only,
 ``table_health.py --jobs=50000`` (dead tuples and the claim's plan under churn; its
-1,000,000-job figures come from running it alone); then ``peers.py --runs=3 --samples=30``
+1,000,000-job figures come from running it alone); then ``peers.py --runs=3 --budget=20
+--samples=30``
 (Celery + Redis, procrastinate, django-tasks-db, django-q2, Huey/SQLite, each in its own
 virtualenv under ``bench/.peers/``: 5,000 no-op jobs drained three times, the median as
-for ours, and the idle latency, ~4 minutes once the virtualenvs exist). Each writes its own
+for ours, or once for a peer that takes over 10 s a drain, and the idle latency, ~2-3
+minutes once the virtualenvs exist). Each writes its own
 ``bench/results/<name>.json``; this script then writes ``bench/results/summary.json`` and
 ``bench/results/summary.md``: the figures next to the targets of issue 6 and, in the
 column "vs peers", next to the peers' figures of the same run (ours / theirs), with the
@@ -39,9 +41,10 @@ SCRIPTS = {
     "enqueue": ["--runs=5"],
     "latency": ["--samples=100"],
     "claim_cost": ["--iterations=100", "--warmup=10"],
-    # three drains, the median, as throughput.py's for ours (one drain of Huey gave 2,921
-    # and 3,608 jobs/s in two runs of the same day)
-    "peers": ["--runs=3", "--samples=30"],
+    # three drains and the median, as throughput.py's for ours (one drain of Huey gave
+    # 2,921 and 3,608 jobs/s in two runs of the same day), for the peers that drain in
+    # seconds; the slow ones (12-18 s a drain) once, to keep run_all under ten minutes
+    "peers": ["--runs=3", "--budget=20", "--samples=30"],
     # 50,000 jobs of each kind (1-2 min: the plans and the claim cost; too short for
     # autovacuum's 60 s naptime to show): the large figures come from table_health.py alone
     "table_health": ["--jobs=50000", "--sample-every=25000"],

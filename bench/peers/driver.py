@@ -97,11 +97,15 @@ def main() -> None:
 
 def measure(bench: Any, config: dict[str, Any]) -> dict[str, Any]:
     jobs, runs, samples = config["jobs"], config["runs"], config["samples"]
+    budget = config.get("budget_s")  # seconds of drains after which no more run
     logs = Path(tempfile.mkdtemp(prefix="dbworker_bench_peer_"))
     bench.setup()
     drains, latency = [], None
     try:
         for run in range(runs):
+            spent = sum(d["wall_s"] for d in drains)
+            if drains and budget is not None and spent + drains[-1]["wall_s"] > budget:
+                break  # another drain would go past the budget
             started = time.perf_counter()
             bench.fill(jobs)
             enqueue_s = time.perf_counter() - started
@@ -112,7 +116,7 @@ def measure(bench: Any, config: dict[str, Any]) -> dict[str, Any]:
                 drain["enqueue_s"] = round(enqueue_s, 3)
                 drain["loadavg_1m"] = round(os.getloadavg()[0], 2)
                 drain["check"] = bench.check(jobs)
-                if run == runs - 1 and samples:
+                if run == 0 and samples:  # idle after a drain; whatever runs follow
                     latency = latencies(bench, samples, processes, logs)
             finally:
                 stop(processes)
