@@ -274,8 +274,10 @@ def execute_first(cursor: Any, sql: str, params: Sequence[Any], *,
     """
     raw = _beginning(cursor)
     if raw is None:
-        with prepared.recovering(cursor.db):
-            cursor.execute(prepared.query(cursor, sql) if prepare else sql, params)
+        if prepare:
+            execute_prepared(cursor, sql, params)
+        else:
+            cursor.execute(sql, params)
         return
     begin = raw._get_tx_start_command().decode()
     raw._autocommit = True  # for this query only: psycopg would send its own BEGIN first

@@ -162,3 +162,10 @@ def sent_to_postgres(call: Callable[[], object], folder: Path) -> tuple[object, 
             pgconn.untrace()
     lines = [line.split("\t") for line in trace.read_text().splitlines()]
     return value, [fields[2:] for fields in lines if fields[:1] == ["F"]]
+
+
+def queries_sent(call: Callable[[], object], folder: Path) -> tuple[object, list[str]]:
+    """``call()`` with libpq's protocol trace on; its value and the text of every Query
+    message sent (the simple protocol of client-side binding)."""
+    value, sent = sent_to_postgres(call, folder)
+    return value, [m[1].strip().strip('"') for m in sent if m[:1] == ["Query"]]

@@ -16,7 +16,7 @@ from django_dbworker.claims import store
 from django_dbworker.claims.store import Claimant
 from django_dbworker.models import Execution, State
 from django_dbworker.runner import run
-from tests.conftest import sent_to_postgres
+from tests.conftest import queries_sent
 from tests.testapp.models import Effect, Solo
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,8 +44,7 @@ def _unit(action="ok"):
 
 def _run_traced(c, tmp_path):
     """Run ``c``; its result and the text of each Query message sent meanwhile."""
-    result, sent = sent_to_postgres(lambda: run(c), tmp_path)
-    return result, [m[1].strip().strip('"') for m in sent if m[:1] == ["Query"]]
+    return queries_sent(lambda: run(c), tmp_path)
 
 
 def _finished(row):

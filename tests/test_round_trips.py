@@ -17,7 +17,7 @@ from django_dbworker.claims import store
 from django_dbworker.claims.store import Claimant
 from django_dbworker.models import Execution, State
 from django_dbworker.runner import run
-from tests.conftest import sent_to_postgres
+from tests.conftest import queries_sent
 from tests.testapp.models import Effect, Item, Solo
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,13 +29,6 @@ def _claim(worker, pk):
     return c
 
 
-def _queries_sent(call, tmp_path):
-    """``call()`` with libpq's protocol trace on; returns its value and the text of every
-    Query message sent (the simple protocol of client-side binding)."""
-    value, sent = sent_to_postgres(call, tmp_path)
-    return value, [m[1].strip().strip('"') for m in sent if m[:1] == ["Query"]]
-
-
 @pytest.fixture
 def postgres(vendor):
     if vendor != "postgresql":
@@ -45,13 +38,11 @@ def postgres(vendor):
 # ----- the queries sent --------------------------------------------------------------------
 
 
-def test_a_unit_sends_begin_with_its_read_and_commit_with_its_completion(postgres, tmp_path,
-                                                                          settings):
-    # The statements as they are (tests/test_prepared.py: the same three queries prepared).
-    settings.DBWORKER = {**settings.DBWORKER, "PREPARED_STATEMENTS": False}
+def test_a_unit_sends_begin_with_its_read_and_commit_with_its_completion(postgres, tmp_path):
+    # Unprepared outside runworkers' children (tests/test_prepared.py: the same, prepared).
     row = Solo.objects.create()
     c = _claim("solo", row.pk)
-    result, sent = _queries_sent(lambda: run(c), tmp_path)
+    result, sent = queries_sent(lambda: run(c), tmp_path)
     assert result.outcome == "finished", result
     assert len(sent) == 3, sent  # the read, the handler's INSERT, the completion
     assert sent[0].startswith("BEGIN; SELECT ") and "testapp_solo" in sent[0], sent[0]
@@ -68,10 +59,9 @@ def test_with_sibling_workers_the_completion_leaves_commit_to_django(postgres, t
     pending for them in the same transaction, so COMMIT cannot go with the completion."""
     item = Item.objects.create()
     c = _claim("touch", item.pk)
-    result, sent = _queries_sent(lambda: run(c), tmp_path)
+    result, sent = queries_sent(lambda: run(c), tmp_path)
     assert result.outcome == "finished"
-    assert [q for q in sent if q.startswith("BEGIN; ")] == [sent[1 if sent[0].startswith(
-        "PREPARE") else 0]], sent  # the read (PREPAREd first, outside the transaction)
+    assert sent[0].startswith("BEGIN; SELECT "), sent
     assert sent[-1] == "COMMIT" and not any(q.endswith("; COMMIT") for q in sent), sent
 
 
@@ -83,7 +73,7 @@ def test_a_read_after_the_transaction_began_sends_no_begin(postgres, tmp_path):
             Item.objects.filter(pk=item.pk).exists()
             return sources.get(Item, item.pk, "default", first=True)
 
-    row, sent = _queries_sent(read_second, tmp_path)
+    row, sent = queries_sent(read_second, tmp_path)
     assert row.pk == item.pk
     assert sent[0] == "BEGIN", sent  # psycopg's own, before the first statement
     assert not any(q.startswith("BEGIN;") for q in sent), sent
@@ -100,7 +90,7 @@ def test_with_server_side_binding_begin_and_commit_go_alone(postgres, tmp_path):
     client_factory = raw.cursor_factory
     raw.cursor_factory = ServerBindingCursor
     try:
-        result, sent = _queries_sent(lambda: run(c), tmp_path)
+        result, sent = queries_sent(lambda: run(c), tmp_path)
     finally:
         raw.cursor_factory = client_factory
     assert result.outcome == "finished", result
