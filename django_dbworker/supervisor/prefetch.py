@@ -22,6 +22,7 @@ units to the reaper, as it does its running ones.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import units
@@ -89,9 +90,22 @@ class Prefetch:
     def put(self, claimed: list[Unit], now: float) -> None:
         self.waiting.extend(Waiting(c, now) for c in claimed)
 
-    def take(self, n: int = 1) -> list[Unit]:
-        """Up to ``n`` units, oldest first."""
-        return [self.waiting.popleft().unit for _ in range(min(n, len(self.waiting)))]
+    def take(self, n: int = 1, allowed: Callable[[Unit], bool] | None = None) -> list[Unit]:
+        """Up to ``n`` units, oldest first; with ``allowed``, only the units it accepts
+        (asked in that order, once each), and the others keep their places."""
+        if allowed is None:
+            return [self.waiting.popleft().unit for _ in range(min(n, len(self.waiting)))]
+        taken: list[Unit] = []
+        kept: deque[Waiting] = deque()
+        while self.waiting and len(taken) < n:
+            w = self.waiting.popleft()
+            if allowed(w.unit):
+                taken.append(w.unit)
+            else:
+                kept.append(w)
+        kept.extend(self.waiting)
+        self.waiting = kept
+        return taken
 
     def expired(self, now: float) -> list[Unit]:
         """Take out the units that waited too long; from now on units count as slow."""

@@ -24,6 +24,7 @@ from ..logs import log_event, logger
 from ..registry import Worker
 from ..runner import LOST as LEASE_LOST
 from . import pool, units
+from .caps import Caps
 from .heartbeat import Heartbeat
 from .pool import Child, describe_exit
 from .prefetch import Prefetch
@@ -64,6 +65,7 @@ class Supervisor:
         self.retry_release: list[tuple[Unit, FailureInfo | None]] = []
         self.retry_unclaim: list[Unit] = []
         self.prefetch = Prefetch(config.PREFETCH, options.concurrency, config.LEASE_SECONDS)
+        self.caps = Caps(options.workers, options.concurrency)
         self.tasks = (
             # --burst runs what is there and stops; cron would keep it going forever
             TaskWork(options.queues, config, self.claimant, schedule=not options.burst)
@@ -178,8 +180,10 @@ class Supervisor:
         for ch in self.children:
             room = self._room(ch)
             if room and len(self.prefetch):
-                self._dispatch(ch, self.prefetch.take(room))
-                room = self._room(ch)
+                batch = self.prefetch.take(room, self.caps.admit(ch, self.children))
+                if batch:
+                    self._dispatch(ch, batch)
+                    room = self._room(ch)
             left += room
         return left
 
@@ -277,7 +281,7 @@ class Supervisor:
 
     def _claim(self, source: Worker | None, want: int, held: Counter[str]) -> list[Unit]:
         """Claim up to ``want`` units of ``source`` (None: tasks); ``held``: units running or
-        waiting here per concurrency group, for a worker's own ``concurrency``."""
+        waiting here per concurrency group, for a worker's own ``concurrency`` (``caps``)."""
         name = "tasks" if source is None else source.name
         if want <= 0 or self._broken.get(name, 0.0) > time.monotonic():
             return []
@@ -285,7 +289,8 @@ class Supervisor:
             if source is None:
                 assert self.tasks is not None
                 return list(self.tasks.claim(want))
-            room = min(want, source.concurrency - held[source.name])
+            room = min(want, self.caps.claimable(source, held[source.name],
+                                                 self.prefetch.depth()))
             if room <= 0:
                 return []
             return list(store.claim(source, room, self.claimant, self.config.LEASE_SECONDS))

@@ -171,3 +171,15 @@ def tag(tag):
 @worker(source=Solo)
 def solo(row):
     return _act(row, "solo")
+
+
+@worker(source=Item, eligible=Item.objects.filter(kind="capped"), transactional=False,
+        concurrency=1)
+def capped(item):
+    """One at a time per runworkers (test_caps.py): notes when it started and ended. Not
+    transactional, so on SQLite two could overlap if the cap let them."""
+    started = time.time()
+    time.sleep(0.004)
+    Effect.objects.create(item_id=item.pk, worker="capped", pid=os.getpid(),
+                          note=f"{started:.6f} {time.time():.6f}")
+    return Finished()
