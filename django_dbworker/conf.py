@@ -47,7 +47,7 @@ class Config:
     #: Units per child the supervisor may claim ahead of free children, and a child's batch
     #: size minus one, while recent units ran briefly (0: one unit at a time, claimed for
     #: free children only). See supervisor/prefetch.py.
-    PREFETCH: int = 16
+    PREFETCH: int = 32
     #: Units a child runs before it is replaced (``None``: never replaced).
     MAX_TASKS_PER_CHILD: int | None = None
     #: Seconds a SQLite connection waits for the write lock before giving up.

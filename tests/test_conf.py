@@ -20,7 +20,7 @@ def test_defaults():
         config = conf.load()
     assert config.LEASE_SECONDS == 30.0 and config.MAX_CRASHES == 3
     assert config.DATABASE == "default" and config.MAX_TASKS_PER_CHILD is None
-    assert config.PREFETCH == 16
+    assert config.PREFETCH == 32
 
 
 @pytest.mark.parametrize(
