@@ -13,7 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField
 from django.db.models.expressions import RawSQL
 
-from . import conf, prepared
+from . import conf, direct, prepared
 
 _UNSET: Any = object()
 
@@ -68,8 +68,16 @@ def use_immediate_transactions(using: str) -> None:
     connection.transaction_mode = "IMMEDIATE"
     if not getattr(connection, "_dbworker_short_waits", False):
         begin = connection._start_transaction_under_autocommit
+
+        def begin_now() -> None:
+            raw = direct.connection_for(connection)
+            if raw is None:
+                return begin()
+            mode = connection.transaction_mode
+            direct.execute(connection, raw, "BEGIN" if mode is None else f"BEGIN {mode}", ())
+
         connection._start_transaction_under_autocommit = (  # type: ignore[method-assign]
-            lambda: _with_short_waits(connection, begin))
+            lambda: _with_short_waits(connection, begin_now))
         connection._dbworker_short_waits = True
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import connections, models
 
+from . import direct
 from .db import execute_first, execute_prepared
 from .keys import pk_field
 
@@ -40,12 +41,17 @@ class Reader:
              first: bool = False) -> models.Model | None:
         params = list(self.params)
         params[self.slot] = pk
-        with connections[using].cursor() as cursor:
-            if first:
-                execute_first(cursor, self.sql, params, prepare=True)
-            else:
-                execute_prepared(cursor, self.sql, params)
-            rows = cursor.fetchall()
+        connection = connections[using]
+        raw = direct.connection_for(connection)
+        if raw is not None:
+            rows = direct.execute(connection, raw, self.sql, params).fetchall()
+        else:
+            with connection.cursor() as cursor:
+                if first:
+                    execute_first(cursor, self.sql, params, prepare=True)
+                else:
+                    execute_prepared(cursor, self.sql, params)
+                rows = cursor.fetchall()
         if not rows:
             return None
         if self.converters:

@@ -33,7 +33,7 @@ from django.db import DataError, connections, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from .. import compiled, conf, keys
+from .. import compiled, conf, direct, keys
 from ..db import execute_completion, execute_status, status_only
 from ..models import CLAIMABLE, Execution, Failure, State
 from ..outcomes import Finished, Outcome, Unfinished
@@ -267,6 +267,9 @@ def complete(c: Claim, outcome: Outcome) -> int:
     lease has not expired."""
     connection = connections[_alias()]
     sql, params = _completion(c, outcome, connection)
+    raw = direct.connection_for(connection) if connection.in_atomic_block else None
+    if raw is not None:  # SQLite, in the handler's transaction: it holds the write lock
+        return direct.execute(connection, raw, sql, params).rowcount
     with connection.cursor() as cursor:
         execute_completion(cursor, sql, params)
         return cursor.rowcount
