@@ -1,5 +1,8 @@
 """Cron schedules: ticks, misfire policies, exactly-once enqueue, validation."""
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,6 +12,7 @@ from django_dbworker import cron
 from django_dbworker.checks import check_schedules
 from django_dbworker.models import TaskRecord
 from django_dbworker.scheduling import Schedule, Scheduler, schedules
+from tests.conftest import ROOT
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
@@ -105,3 +109,17 @@ def test_settings_schedules_and_check(settings):
     assert "'broken'" in errors[0].msg
     settings.DBWORKER = {**settings.DBWORKER, "SCHEDULES": {"x": {"cron": "* * * * *"}}}
     assert "'task' and 'cron'" in check_schedules()[0].msg
+
+
+def test_a_supervisor_without_schedules_does_not_load_croniter():
+    """croniter (and dateutil) is 4.7 MB in the supervisor and in each child forked from it:
+    imported only where a schedule is read."""
+    code = ("import sys, django; django.setup(); "
+            "import django_dbworker.management.commands.runworkers; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('croniter', 'dateutil')))")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    every5 = Schedule(name="m", task_path="x.y", cron="*/5 * * * *")
+    assert len(every5.ticks(T0, T0 + timedelta(minutes=10))) == 2, "loaded when needed"
