@@ -35,12 +35,12 @@ class Caps:
         whose units are in fewer children than its cap, or in ``child`` already."""
         if not self.binding:
             return None
-        holders: dict[str, set[int]] = {}
+        holders: dict[str, set[int]] = {}  # worker -> the children (ids) holding its units
         for ch in children:
             for c in ch.sent.values():
                 group = units.group(c)
                 if group in self.limits:
-                    holders.setdefault(group, set()).add(ch.slot)
+                    holders.setdefault(group, set()).add(id(ch))
 
         def allowed(c: Unit) -> bool:
             group = units.group(c)
@@ -48,6 +48,6 @@ class Caps:
             if limit is None:
                 return True
             holding = holders.get(group, ())
-            return child.slot in holding or len(holding) < limit
+            return id(child) in holding or len(holding) < limit
 
         return allowed
