@@ -54,6 +54,12 @@ class Config:
     SQLITE_BUSY_TIMEOUT: float = 30.0
     #: Largest JSON return value a task may store, in bytes; larger ones fail the task.
     RESULT_MAX_BYTES: int = 1_000_000
+    #: Largest JSON of a task's arguments (args and kwargs together), in bytes; a larger
+    #: ``enqueue()`` raises InvalidTaskArguments and stores nothing.
+    ARGUMENTS_MAX_BYTES: int = 1_000_000
+    #: Resident memory, in MiB, above which a child is replaced once its current unit is
+    #: through (a leaking handler cannot grow a child for ever); None: never replaced for it.
+    CHILD_MAX_MEMORY_MB: int | None = 2048
     #: Finished tasks older than this many seconds (or timedelta) are pruned; None keeps all.
     RETENTION: float | timedelta | None = 7 * 24 * 3600.0
     #: Start rate of all tasks together across all supervisors, e.g. "100/s"; None: no limit.
@@ -74,6 +80,7 @@ LOG_FORMATS = ("text", "json")
 _POSITIVE = {"LEASE_SECONDS", "POLL_INTERVAL", "SWEEP_INTERVAL", "SQLITE_BUSY_TIMEOUT"}
 _AT_LEAST_ONE = {
     "MAX_CRASHES", "SWEEP_BATCH", "CONCURRENCY", "MAX_TASKS_PER_CHILD", "RESULT_MAX_BYTES",
+    "ARGUMENTS_MAX_BYTES", "CHILD_MAX_MEMORY_MB",
 }
 
 
@@ -86,7 +93,7 @@ def _check(key: str, value: Any) -> None:
                 f"({', '.join(sorted(settings.DATABASES))})."
             )
         return
-    if key in ("MAX_TASKS_PER_CHILD", "RETENTION", "TASK_RATE_LIMIT", "HEALTH_MAX_LAG") \
+    if key in ("MAX_TASKS_PER_CHILD", "CHILD_MAX_MEMORY_MB", "RETENTION", "TASK_RATE_LIMIT", "HEALTH_MAX_LAG") \
             and value is None:
         return
     if key == "LOG_FORMAT":
