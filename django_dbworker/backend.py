@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -13,6 +14,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
@@ -25,8 +27,23 @@ from django.utils.inspect import get_func_args, is_module_level_function
 from . import conf, task_registry
 from .exceptions import InvalidTaskArguments
 
-RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smhd])\s*$")
+RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*([smhd])\s*$")
 RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: A rate counts at most this many starts per period, over at most a year.
+MAX_RATE_COUNT = 1_000_000_000
+MAX_RATE_PERIOD = 365 * 86400.0
+#: The longest retry delay, timeout or ``run_after`` delay of a task (ten years): a datetime
+#: this far ahead still fits, ``timedelta(seconds=1e12)`` does not.
+MAX_TASK_SECONDS = 10 * 365 * 86400.0
+#: A retry delay grows at most by this factor per attempt (``delay * factor ** n`` is a float:
+#: the retry delay is capped by ``retry_max_delay``, and this keeps the power finite).
+MAX_BACKOFF_FACTOR = 1000.0
+#: Attempts after the first, at most (an attempt number is a database integer).
+MAX_RETRIES = 1_000_000
+#: TaskRecord.queue_name's max_length.
+MAX_QUEUE_NAME_LENGTH = 100
+#: Options of ``TASKS[alias]["OPTIONS"]`` a DBWorkerBackend knows, and their types.
+BACKEND_OPTIONS = {"ENQUEUE_ON_COMMIT": bool}
 
 type Callback = Callable[..., Any] | str | None
 
@@ -34,12 +51,16 @@ type Callback = Callable[..., Any] | str | None
 def parse_rate(rate: str) -> tuple[float, float]:
     """``"10/s"`` -> (10 starts, per 1 second); ``"100/5m"`` -> (100, 300)."""
     match = RATE_RE.match(rate) if isinstance(rate, str) else None
-    if not match or float(match[1]) <= 0:
-        raise ValueError(
-            f"rate {rate!r} is not a rate; write it as COUNT/UNIT, e.g. '10/s', '100/m', "
-            "'1000/h' or '5/10s'."
-        )
-    return float(match[1]), float(match[2] or 1) * RATE_UNITS[match[3]]
+    if match:
+        count = float(match[1])
+        period = float(match[2] or 1) * RATE_UNITS[match[3]]
+        if 0 < count <= MAX_RATE_COUNT and 0 < period <= MAX_RATE_PERIOD:
+            return count, period
+    raise ValueError(
+        f"rate {rate!r} is not a rate; write it as COUNT/UNIT, e.g. '10/s', '100/m', "
+        "'1000/h' or '5/10s' (a COUNT greater than 0 and at most 1,000,000,000, a period "
+        "greater than 0 and at most 365d)."
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,11 +141,19 @@ class DBWorkerBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        self.enqueue_on_commit = bool(self.options.get("ENQUEUE_ON_COMMIT", False))
+        #: What is wrong with OPTIONS, if anything: backends are made lazily (at the first
+        #: task of the alias, or by the system checks), so the error is raised by every
+        #: validate_task() and reported by check() as django_dbworker.E011.
+        self.options_error = _options_error(alias, self.options)
+        value = self.options.get("ENQUEUE_ON_COMMIT", False) if isinstance(
+            self.options, dict) else False
+        self.enqueue_on_commit = value is True
 
     # ----- validation -----------------------------------------------------------------
 
     def validate_task(self, task: Task) -> None:
+        if self.options_error:
+            raise ImproperlyConfigured(self.options_error)
         where = f"Task {getattr(task.func, '__qualname__', task.func)!r}"
         if not is_module_level_function(task.func):
             raise InvalidTask(f"{where}: task functions must be defined at module level.")
@@ -146,6 +175,18 @@ class DBWorkerBackend(BaseTaskBackend):
             raise InvalidTask(
                 f"{where}: run_after={run_after!r} is naive; give an aware datetime "
                 "(django.utils.timezone.now() + ...) or a timedelta."
+            )
+        if isinstance(run_after, timedelta) and not (
+                timedelta(0) <= run_after <= timedelta(seconds=MAX_TASK_SECONDS)):
+            raise InvalidTask(
+                f"{where}: run_after={run_after!r} must be a timedelta from 0 to ten years "
+                "(or an aware datetime)."
+            )
+        queue = task.queue_name
+        if not isinstance(queue, str) or not 0 < len(queue) <= MAX_QUEUE_NAME_LENGTH:
+            raise InvalidTask(
+                f"{where}: queue_name={queue!r} must be a non-empty string of at most "
+                f"{MAX_QUEUE_NAME_LENGTH} characters."
             )
         if self.queues and task.queue_name not in self.queues:
             raise InvalidTask(
@@ -236,6 +277,27 @@ class DBWorkerBackend(BaseTaskBackend):
                 hint="Add 'django_dbworker' to INSTALLED_APPS and run migrate.",
                 id="django_dbworker.E010",
             )
+        if self.options_error:
+            yield Error(
+                self.options_error,
+                hint=f"Known OPTIONS: {', '.join(sorted(BACKEND_OPTIONS))}.",
+                id="django_dbworker.E011",
+            )
+
+
+def _options_error(alias: str, options: Any) -> str | None:
+    """What is wrong with ``TASKS[alias]["OPTIONS"]``, or None."""
+    where = f"TASKS[{alias!r}]['OPTIONS']"
+    if not isinstance(options, dict):
+        return f"{where} is {type(options).__name__}; it must be a dict."
+    unknown = sorted(set(options) - set(BACKEND_OPTIONS), key=str)
+    if unknown:
+        return (f"{where} has unknown keys {', '.join(map(repr, unknown))}; DBWorkerBackend "
+                f"knows {', '.join(sorted(BACKEND_OPTIONS))}.")
+    for key, kind in BACKEND_OPTIONS.items():
+        if key in options and not isinstance(options[key], kind):
+            return f"{where}[{key!r}] is {options[key]!r}; it must be True or False."
+    return None
 
 
 def _inserted(stored: Any, new: Any) -> bool:
@@ -329,10 +391,26 @@ def _encode(task: Task, rows: list[Any], offset: int) -> str:
     from .claims import newtasks
 
     try:
-        return newtasks.encode(rows)
+        payload = newtasks.encode(rows)
     except (TypeError, ValueError):
         index, exc = newtasks.first_bad(rows) or (0, ValueError("not JSON"))
         raise _not_json(task, offset + index, exc) from None
+    limit = conf.get().ARGUMENTS_MAX_BYTES
+    poison = newtasks.first_poison(rows, payload, limit)
+    if poison is None:
+        return payload
+    index, kind, size = poison
+    if kind == "nul":
+        raise InvalidTaskArguments(
+            f"Task {task.name!r}: the arguments of call {offset + index} contain a NUL "
+            "character (U+0000), which PostgreSQL cannot store in text or JSON; remove it "
+            "(e.g. value.replace('\\x00', '')). Nothing was enqueued."
+        )
+    raise InvalidTaskArguments(
+        f"Task {task.name!r}: the arguments of call {offset + index} are {size} bytes of "
+        f"JSON, more than DBWORKER['ARGUMENTS_MAX_BYTES'] ({limit}); pass ids and look "
+        "large values up in the task, or raise the setting. Nothing was enqueued."
+    )
 
 
 def _not_json(task: Task, index: int, exc: Exception) -> InvalidTaskArguments:
@@ -346,27 +424,37 @@ def _validate_options(where: str, task: DBWorkerTask) -> None:
     def seconds(name: str, value: Any, *, optional: bool = False) -> None:
         if optional and value is None:
             return
+        given = value
         if isinstance(value, timedelta):
             value = value.total_seconds()
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise InvalidTask(f"{where}: {name}={value!r} must be a number of seconds >= 0 "
-                              "or a timedelta.")
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 \
+                or not math.isfinite(value):
+            raise InvalidTask(f"{where}: {name}={given!r} must be a number of seconds "
+                              ">= 0 (finite) or a timedelta.")
+        if value > MAX_TASK_SECONDS:
+            raise InvalidTask(f"{where}: {name}={given!r} is more than {MAX_TASK_SECONDS:g} "
+                              "seconds (ten years); give a shorter duration.")
 
-    if isinstance(task.retries, bool) or not isinstance(task.retries, int) or task.retries < 0:
-        raise InvalidTask(f"{where}: retries={task.retries!r} must be an integer >= 0.")
+    retries = task.retries
+    if isinstance(retries, bool) or not isinstance(retries, int) \
+            or not 0 <= retries <= MAX_RETRIES:
+        raise InvalidTask(f"{where}: retries={retries!r} must be an integer >= 0 and "
+                          f"<= {MAX_RETRIES}.")
     seconds("retry_delay", task.retry_delay)
     seconds("retry_max_delay", task.retry_max_delay)
     seconds("timeout", task.timeout, optional=True)
     if task.timeout_seconds == 0:
         raise InvalidTask(f"{where}: timeout=0 would stop every attempt; give more seconds.")
     factor = task.retry_backoff_factor
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
-        raise InvalidTask(f"{where}: retry_backoff_factor={factor!r} must be a number >= 1.")
+    if isinstance(factor, bool) or not isinstance(factor, int | float) \
+            or not 1 <= factor <= MAX_BACKOFF_FACTOR:
+        raise InvalidTask(f"{where}: retry_backoff_factor={factor!r} must be a finite number "
+                          f"from 1 to {MAX_BACKOFF_FACTOR:g}.")
     if not isinstance(task.retry_backoff, bool):
         raise InvalidTask(f"{where}: retry_backoff={task.retry_backoff!r} must be True/False.")
     jitter = task.retry_jitter
     if not isinstance(jitter, bool) and not (isinstance(jitter, int | float)
-                                             and 0 <= jitter <= 1):
+                                             and 0 <= jitter <= 1):  # (NaN is not)
         raise InvalidTask(f"{where}: retry_jitter={jitter!r} must be True/False or a "
                           "fraction between 0 and 1.")
     retry_for = task.retry_for
@@ -388,6 +476,9 @@ def _validate_options(where: str, task: DBWorkerTask) -> None:
         if callback is not None and not (callable(callback) or isinstance(callback, str)):
             raise InvalidTask(f"{where}: {name}={callback!r} must be a callable or a dotted "
                               "path to one.")
+    if task.enqueue_on_commit is not None and not isinstance(task.enqueue_on_commit, bool):
+        raise InvalidTask(f"{where}: enqueue_on_commit={task.enqueue_on_commit!r} must be "
+                          "True, False or None.")
     key = task.idempotency_key
     if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
         raise InvalidTask(f"{where}: idempotency_key={key!r} must be a non-empty string of at "

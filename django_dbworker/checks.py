@@ -11,7 +11,7 @@ from django.db import DatabaseError, connections
 from django.db.models import CompositePrimaryKey
 
 from . import conf
-from .registry import workers
+from .registry import MAX_KEY_LENGTH, key_too_long, workers
 
 
 def in_memory_sqlite(alias: str) -> bool:
@@ -63,6 +63,15 @@ def check_workers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                 hint="Give the model an id field or another single-column primary key.",
                 obj=worker.handler,
                 id="django_dbworker.E005",
+            ))
+            continue
+        too_long = key_too_long(worker.source)
+        if too_long:
+            errors.append(Error(
+                f"Worker {worker.name!r}: {too_long}",
+                hint=f"Give the primary key max_length={MAX_KEY_LENGTH} or less.",
+                obj=worker.handler,
+                id="django_dbworker.E006",
             ))
             continue
         try:

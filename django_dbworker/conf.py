@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
@@ -77,7 +78,22 @@ class Config:
 
 _NUMBERS = (int, float)
 LOG_FORMATS = ("text", "json")
+#: The longest duration any setting of seconds may hold (one year): a longer lease, poll,
+#: grace period or busy timeout is a typo, and ``now + timedelta(seconds=...)`` of a huge one
+#: overflows a datetime.
+MAX_SECONDS = 365 * 24 * 3600.0
+#: RETENTION may be longer (100 years); ``now - RETENTION`` must stay a datetime.
+MAX_RETENTION = 100 * 365 * 24 * 3600.0
+#: SQLite takes its busy timeout in milliseconds as a C int.
+MAX_SQLITE_BUSY_TIMEOUT = (2**31 - 1) / 1000
+#: The largest count any integer setting may hold (a database integer).
+MAX_COUNT = 2**31 - 1
+_LIMITS = {"RETENTION": (MAX_RETENTION, "100 years"),
+           "SQLITE_BUSY_TIMEOUT": (MAX_SQLITE_BUSY_TIMEOUT, "SQLite's limit")}
 _POSITIVE = {"LEASE_SECONDS", "POLL_INTERVAL", "SWEEP_INTERVAL", "SQLITE_BUSY_TIMEOUT"}
+_NULLABLE = {
+    "MAX_TASKS_PER_CHILD", "CHILD_MAX_MEMORY_MB", "RETENTION", "TASK_RATE_LIMIT", "HEALTH_MAX_LAG",
+}
 _AT_LEAST_ONE = {
     "MAX_CRASHES", "SWEEP_BATCH", "CONCURRENCY", "MAX_TASKS_PER_CHILD", "RESULT_MAX_BYTES",
     "ARGUMENTS_MAX_BYTES", "CHILD_MAX_MEMORY_MB",
@@ -86,6 +102,7 @@ _AT_LEAST_ONE = {
 
 def _check(key: str, value: Any) -> None:
     where = f"settings.DBWORKER[{key!r}]"
+    raw = value
     if key == "DATABASE":
         if not isinstance(value, str) or value not in settings.DATABASES:
             raise ImproperlyConfigured(
@@ -93,8 +110,7 @@ def _check(key: str, value: Any) -> None:
                 f"({', '.join(sorted(settings.DATABASES))})."
             )
         return
-    if key in ("MAX_TASKS_PER_CHILD", "CHILD_MAX_MEMORY_MB", "RETENTION", "TASK_RATE_LIMIT", "HEALTH_MAX_LAG") \
-            and value is None:
+    if key in _NULLABLE and value is None:
         return
     if key == "LOG_FORMAT":
         if value not in LOG_FORMATS:
@@ -103,8 +119,10 @@ def _check(key: str, value: Any) -> None:
             )
         return
     if key in ("HEALTH_MIN_SUPERVISORS", "PREFETCH"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ImproperlyConfigured(f"{where} is {value!r}; it must be an integer >= 0.")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+            raise ImproperlyConfigured(
+                f"{where} is {value!r}; it must be an integer >= 0 and <= {MAX_COUNT}."
+            )
         return
     if key == "RETENTION" and isinstance(value, timedelta):
         value = value.total_seconds()
@@ -127,11 +145,22 @@ def _check(key: str, value: Any) -> None:
             )
         return
     if key in _AT_LEAST_ONE:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ImproperlyConfigured(f"{where} is {value!r}; it must be an integer >= 1.")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+            raise ImproperlyConfigured(
+                f"{where} is {value!r}; it must be an integer >= 1 and <= {MAX_COUNT}."
+            )
         return
     if isinstance(value, bool) or not isinstance(value, _NUMBERS):
         raise ImproperlyConfigured(f"{where} is {value!r}; it must be a number of seconds.")
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(
+            f"{where} is {value!r}; it must be a finite number of seconds."
+        )
+    limit, told = _LIMITS.get(key, (MAX_SECONDS, "one year"))
+    if value > limit:
+        raise ImproperlyConfigured(
+            f"{where} is {raw!r}; it must be at most {limit:g} seconds ({told})."
+        )
     if key in _POSITIVE | {"RETENTION", "HEALTH_MAX_LAG"} and value <= 0:
         raise ImproperlyConfigured(f"{where} is {value!r}; it must be greater than 0.")
     if value < 0:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import timedelta
+
+#: The longest ``Unfinished(delay=...)``: ten years (now + the delay must be a datetime).
+MAX_DELAY = 10 * 365 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +30,16 @@ class Unfinished:
                 f"Unfinished(delay={delay!r}): delay must be a number of seconds or a "
                 "timedelta."
             )
-        if self.seconds < 0:
-            raise ValueError(f"Unfinished(delay={delay!r}): delay must not be negative.")
+        seconds = self.seconds
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(
+                f"Unfinished(delay={delay!r}): delay must be a finite number of seconds >= 0."
+            )
+        if seconds > MAX_DELAY:
+            raise ValueError(
+                f"Unfinished(delay={delay!r}): delay must be at most {MAX_DELAY:g} seconds "
+                "(ten years); a longer one overflows the date of the next attempt."
+            )
 
     @property
     def seconds(self) -> float:

@@ -191,6 +191,9 @@ def _validate(
             f"{label}: source={source._meta.label} has no single-column primary key; "
             "row-as-queue workers need one (add an id field or a unique pk column)."
         )
+    too_long = key_too_long(source)
+    if too_long:
+        raise InvalidWorker(f"{label}: {too_long}")
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise InvalidWorker(
             f"{label}: concurrency={concurrency!r} must be an integer >= 1."
@@ -206,6 +209,33 @@ def _validate(
                 f"callable returning one, not {type(eligible).__name__}."
             )
     _count_parameters(name, handler)
+
+
+#: The longest primary key text an execution stores (``Execution.source_id``'s max_length).
+MAX_KEY_LENGTH = 255
+
+
+def key_too_long(source: type[models.Model]) -> str | None:
+    """Why the source's primary key may not fit ``Execution.source_id``, or None.
+
+    A text key (CharField, TextField and their kind) longer than 255 characters, or without
+    a max_length, could be saved by the user and then fail every insert of its pending
+    execution (PostgreSQL: ``value too long for type character varying(255)``).
+    """
+    from .keys import pk_field
+
+    field = pk_field(source)
+    if not isinstance(field, models.CharField | models.TextField):
+        return None
+    length = field.max_length
+    if length is not None and length <= MAX_KEY_LENGTH:
+        return None
+    return (
+        f"source={source._meta.label} has the primary key {field.name!r} "
+        f"({type(field).__name__}, max_length={length!r}), but its executions store keys of "
+        f"at most {MAX_KEY_LENGTH} characters; give the field max_length={MAX_KEY_LENGTH} or "
+        "less, or make the worker's source a model with a shorter key."
+    )
 
 
 def _check_queryset(name: str, source: type[models.Model], qs: Any) -> None:

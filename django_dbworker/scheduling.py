@@ -4,13 +4,22 @@ Every supervisor computes the ticks that came due and enqueues each with the ide
 key ``cron:<name>:<tick>``; the unique key makes every tick run once however many
 supervisors run, with no leader. Ticks missed while nothing ran follow the misfire policy:
 ``skip`` (the default) forgets them, ``latest`` enqueues the last one, ``all`` every one,
-looking back at most ``misfire_window`` seconds.
+looking back at most ``misfire_window`` seconds (at most ``MAX_MISFIRE_WINDOW``), at most
+``Scheduler.MISSED_PER_ROUND`` of them per round (the rest in the next rounds).
+
+A schedule is validated where it is declared (``@cron``, and the system check E004 for
+``DBWORKER["SCHEDULES"]``): its cron expression must fire, its arguments must be JSON. One
+that still fails at run time (its task gone, its enqueue raising) is logged and skipped,
+never stopping the supervisor or the other schedules.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -26,6 +35,8 @@ from .logs import log_event
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,60}$")
 MISFIRE = ("skip", "latest", "all")
+#: The longest misfire_window: 31 days (a month of missed ticks is the most worth catching up).
+MAX_MISFIRE_WINDOW = 31 * 86400.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,18 +53,23 @@ class Schedule:
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.timezone or settings.TIME_ZONE or "UTC")
 
-    def ticks(self, after: datetime, until: datetime) -> list[datetime]:
-        """Ticks in (after, until], as aware datetimes in the schedule's zone."""
+    def ticks(self, after: datetime, until: datetime, limit: int = 10_000) -> list[datetime]:
+        """Ticks in (after, until], at most ``limit`` (the first ones), as aware datetimes
+        in the schedule's zone."""
         from croniter import croniter  # only where schedules exist: 4.7 MB in every process
 
         zone = self.zone()
         it = croniter(self.cron, after.astimezone(zone))
         found: list[datetime] = []
-        while (tick := it.get_next(datetime)) <= until:
+        while len(found) < limit and (tick := it.get_next(datetime)) <= until:
             found.append(tick)
-            if len(found) > 10_000:  # a "* * * * * *" schedule over a long outage
-                break
         return found
+
+    def previous(self, before: datetime) -> datetime:
+        """The last tick before ``before``."""
+        from croniter import croniter
+
+        return croniter(self.cron, before.astimezone(self.zone())).get_prev(datetime)
 
     def key(self, tick: datetime) -> str:
         return f"cron:{self.name}:{tick.astimezone(ZoneInfo('UTC')).isoformat()}"
@@ -67,8 +83,12 @@ def validate(schedule: Schedule) -> None:
     from croniter import croniter
 
     where = f"Schedule {schedule.name!r}"
-    if not NAME_RE.match(schedule.name):
+    if not isinstance(schedule.name, str) or not NAME_RE.match(schedule.name):
         raise ImproperlyConfigured(f"{where}: names use letters, digits and _.:- (1-60).")
+    if not isinstance(schedule.task_path, str) or not schedule.task_path:
+        raise ImproperlyConfigured(
+            f"{where}: task={schedule.task_path!r} must be the dotted path of a task."
+        )
     if not isinstance(schedule.cron, str) or not croniter.is_valid(schedule.cron):
         raise ImproperlyConfigured(
             f"{where}: {schedule.cron!r} is not a valid cron expression (five fields, "
@@ -78,14 +98,54 @@ def validate(schedule: Schedule) -> None:
         raise ImproperlyConfigured(
             f"{where}: misfire={schedule.misfire!r}; use one of {', '.join(MISFIRE)}."
         )
-    if isinstance(schedule.misfire_window, bool) or not isinstance(
-        schedule.misfire_window, int | float
-    ) or schedule.misfire_window <= 0:
-        raise ImproperlyConfigured(f"{where}: misfire_window must be a number of seconds > 0.")
+    window = schedule.misfire_window
+    if isinstance(window, bool) or not isinstance(window, int | float) \
+            or not math.isfinite(window) or not 0 < window <= MAX_MISFIRE_WINDOW:
+        raise ImproperlyConfigured(
+            f"{where}: misfire_window={window!r} must be a number of seconds > 0 and at "
+            f"most {MAX_MISFIRE_WINDOW:g} (31 days), or a timedelta."
+        )
     try:
-        schedule.zone()
-    except (ZoneInfoNotFoundError, ValueError):
+        zone = schedule.zone()
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
         raise ImproperlyConfigured(f"{where}: unknown time zone {schedule.timezone!r}.") from None
+    try:
+        croniter(schedule.cron, datetime.now(zone)).get_next(datetime)
+    except (ValueError, OverflowError, KeyError, TypeError):  # CroniterBadDateError
+        raise ImproperlyConfigured(
+            f"{where}: {schedule.cron!r} never fires (no date matches it, e.g. February "
+            "30th); fix the day and month fields."
+        ) from None
+    _check_arguments(where, schedule.args, schedule.kwargs)
+
+
+def _check_arguments(where: str, args: Any, kwargs: Any) -> None:
+    """A schedule's args and kwargs must be what ``enqueue()`` would store."""
+    from . import conf
+    from .claims.newtasks import has_nul, plain
+
+    if not isinstance(args, list | tuple):
+        raise ImproperlyConfigured(f"{where}: args={args!r} must be a list.")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ImproperlyConfigured(f"{where}: kwargs={kwargs!r} must be a dict with string keys.")
+    try:
+        text = json.dumps([plain(list(args)), plain(kwargs)], allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(
+            f"{where}: its args/kwargs cannot be stored as JSON ({exc}); give plain values "
+            "(strings, numbers, lists, dicts)."
+        ) from None
+    if has_nul(list(args)) or has_nul(kwargs):
+        raise ImproperlyConfigured(
+            f"{where}: its args/kwargs contain a NUL character (U+0000), which PostgreSQL "
+            "cannot store; remove it."
+        )
+    limit = conf.get().ARGUMENTS_MAX_BYTES
+    if len(text) > limit:
+        raise ImproperlyConfigured(
+            f"{where}: its args/kwargs are {len(text)} bytes of JSON, more than "
+            f"DBWORKER['ARGUMENTS_MAX_BYTES'] ({limit})."
+        )
 
 
 def cron(
@@ -106,6 +166,8 @@ def cron(
                 f"@cron({expression!r}) must decorate a django.tasks task: put it above @task."
             )
         window = misfire_window
+        _check_arguments(f"Schedule {name or task.module_path!r}", args,
+                         {} if kwargs is None else kwargs)
         schedule = Schedule(
             name=name or task.module_path,
             task_path=task.module_path,
@@ -140,11 +202,14 @@ def schedules() -> dict[str, Schedule]:
             raise ImproperlyConfigured(
                 f"DBWORKER['SCHEDULES'][{name!r}] has unknown keys {sorted(unknown)}."
             )
+        args, kwargs = spec.get("args", []), spec.get("kwargs", {})
+        _check_arguments(f"Schedule {name!r}", args, kwargs)
+        window = spec.get("misfire_window", 3600.0)
         schedule = Schedule(
             name=name, task_path=spec["task"], cron=spec["cron"],
-            args=list(spec.get("args", [])), kwargs=dict(spec.get("kwargs", {})),
+            args=list(args), kwargs=dict(kwargs),
             timezone=spec.get("timezone"), misfire=spec.get("misfire", "skip"),
-            misfire_window=spec.get("misfire_window", 3600.0),
+            misfire_window=window.total_seconds() if isinstance(window, timedelta) else window,
         )
         validate(schedule)
         found[name] = schedule
@@ -155,59 +220,116 @@ class Scheduler:
     """Enqueues the ticks that came due since it last looked.
 
     Ticks of the last ``RECENT`` seconds are always enqueued; older ones were missed (nothing
-    ran, or this supervisor was paused) and follow the schedule's misfire policy.
+    ran, or this supervisor was paused) and follow the schedule's misfire policy. A schedule
+    that raises is logged (at most once per ``ERROR_INTERVAL``) and skipped; the others go on.
     """
 
     RECENT = 60.0
+    #: Missed ticks a schedule with misfire="all" enqueues per round at most; the next
+    #: rounds take the rest, oldest first.
+    MISSED_PER_ROUND = 100
+    #: Seconds between two ``schedule_failed`` lines of one schedule.
+    ERROR_INTERVAL = 60.0
 
-    def __init__(self, schedules: dict[str, Schedule], now: datetime | None = None) -> None:
+    def __init__(self, schedules: dict[str, Schedule], now: datetime | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.schedules = schedules
+        self.clock = clock
         start = now or timezone.now()
         self.last = {
             name: start - timedelta(seconds=s.misfire_window if s.misfire != "skip" else 0)
             for name, s in schedules.items()
         }
+        #: name -> the tick after which the next round goes on (misfire="all" catching up)
+        self._resume: dict[str, datetime] = {}
+        #: name -> (when it was last logged, failures not logged since)
+        self._failures: dict[str, tuple[float, int]] = {}
 
     def due(self, schedule: Schedule, now: datetime) -> list[datetime]:
-        ticks = schedule.ticks(self.last[schedule.name], now)
+        name = schedule.name
+        last = self.last[name]
         recent_from = now - timedelta(seconds=self.RECENT)
-        missed = [t for t in ticks if t < recent_from]
-        recent = [t for t in ticks if t >= recent_from]
-        if schedule.misfire == "skip":
-            missed = []
-        elif schedule.misfire == "latest":
-            missed = missed[-1:] if not recent else []
-        else:
-            window_from = now - timedelta(seconds=schedule.misfire_window)
-            missed = [t for t in missed if t >= window_from]
+        recent = [t for t in schedule.ticks(max(last, recent_from - timedelta(seconds=1)), now)
+                  if t >= recent_from]
+        if schedule.misfire == "skip" or last >= recent_from:
+            return recent
+        if schedule.misfire == "latest":
+            if recent:
+                return recent
+            tick = schedule.previous(recent_from)
+            return [tick] if last < tick < recent_from else []
+        window_from = now - timedelta(seconds=schedule.misfire_window)
+        start = max(last, window_from - timedelta(seconds=1))
+        missed = [t for t in schedule.ticks(start, recent_from, self.MISSED_PER_ROUND + 1)
+                  if window_from <= t < recent_from]
+        if len(missed) > self.MISSED_PER_ROUND:  # the rest next round, then the recent ones
+            missed = missed[:self.MISSED_PER_ROUND]
+            self._resume[name] = missed[-1]
+            return missed
         return missed + recent
 
     def tick(self, now: datetime | None = None) -> int:
         now = now or timezone.now()
         enqueued = 0
         for name, schedule in self.schedules.items():
-            for when in self.due(schedule, now):
-                enqueued += enqueue_tick(schedule, when)
-            self.last[name] = now
+            try:
+                for when in self.due(schedule, now):
+                    enqueued += enqueue_tick(schedule, when)
+            except Exception as exc:
+                if _database_away(exc):
+                    raise  # the supervisor's outage back-off; these ticks are tried again
+                self._resume.pop(name, None)
+                self._failed(schedule, exc)
+            self.last[name] = self._resume.pop(name, now)
         return enqueued
+
+    def _failed(self, schedule: Schedule, exc: Exception) -> None:
+        at = self.clock()
+        logged, skipped = self._failures.get(schedule.name, (-math.inf, 0))
+        if at - logged < self.ERROR_INTERVAL:
+            self._failures[schedule.name] = (logged, skipped + 1)
+            return
+        self._failures[schedule.name] = (at, 0)
+        log_event(logging.ERROR, "schedule_failed", schedule=schedule.name,
+                  task=schedule.task_path, error=_describe(exc), not_logged=skipped,
+                  next_log_in=self.ERROR_INTERVAL)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        text = "(its message cannot be read)"
+    return f"{type(exc).__name__}: {text.strip()[:300]}"
+
+
+def _database_away(exc: Exception) -> bool:
+    """A database error on a connection that no longer works: an outage, not a schedule's
+    fault."""
+    from django.db import DatabaseError, connections
+
+    from . import conf
+
+    if not isinstance(exc, DatabaseError):
+        return False
+    connection = connections[conf.get().DATABASE]
+    try:
+        return connection.connection is None or not connection.is_usable()
+    except DatabaseError:
+        return True
 
 
 def enqueue_tick(schedule: Schedule, tick: datetime) -> int:
-    """Enqueue one tick once; 1 if this call created it, 0 if it existed already."""
+    """Enqueue one tick once; 1 if this call created it, 0 if it existed already. Raises
+    UnknownTask when the schedule's task is not a registered DBWorkerBackend task."""
     from . import task_registry
     from .backend import DBWorkerTask
     from .claims import taskstore
     from .exceptions import UnknownTask
 
-    try:
-        task = task_registry.resolve(schedule.task_path)
-    except UnknownTask as exc:
-        log_event(logging.ERROR, "schedule_failed", schedule=schedule.name, error=str(exc))
-        return 0
+    task = task_registry.resolve(schedule.task_path)
     if not isinstance(task, DBWorkerTask):
-        log_event(logging.ERROR, "schedule_failed", schedule=schedule.name,
-                  error=f"{schedule.task_path} does not use DBWorkerBackend")
-        return 0
+        raise UnknownTask(f"{schedule.task_path} does not use DBWorkerBackend")
     key = schedule.key(tick)
     if taskstore.key_exists(key):
         return 0

@@ -89,6 +89,11 @@ if os.environ.get("DBWORKER_TEST_CRON"):  # the cron process test turns this sch
     DBWORKER["SCHEDULES"] = {
         "every_second": {"task": "tests.testapp.tasks.tick", "cron": "* * * * * */1"},
     }
+if os.environ.get("DBWORKER_TEST_CRON_BROKEN"):  # test_declarations: one schedule fails
+    DBWORKER["SCHEDULES"] = {  # at run time (its task is unknown); the others go on
+        **DBWORKER.get("SCHEDULES", {}),
+        "decl_gone": {"task": "tests.testapp.tasks.decl_missing", "cron": "* * * * * */1"},
+    }
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -192,6 +192,40 @@ def first_bad(rows: list[NewTask]) -> tuple[int, Exception] | None:
     return None
 
 
+#: How a NUL character (U+0000) looks in ``encode``'s text; PostgreSQL's jsonb refuses it.
+NUL_ESCAPED = "\\u0000"
+
+
+def has_nul(value: Any) -> bool:
+    """Whether a NUL character is in any string or dict key of the plain ``value``."""
+    kind = type(value)
+    if kind is str:
+        return "\x00" in value
+    if kind is list or kind is tuple:
+        return any(has_nul(v) for v in value)
+    if kind is dict:
+        return any("\x00" in k or has_nul(v) for k, v in value.items())
+    return False
+
+
+def first_poison(rows: list[NewTask], payload: str,
+                 max_bytes: int) -> tuple[int, str, int] | None:
+    """The first row whose arguments contain a NUL character or whose JSON is longer than
+    ``max_bytes``: ``(index, "nul" or "size", size)``, or None. ``payload`` is
+    ``encode(rows)``: only when it holds an escaped NUL, or is itself longer than
+    ``max_bytes`` (each row's JSON is shorter than it), is any row looked at again."""
+    nul = NUL_ESCAPED in payload
+    big = len(payload) > max_bytes
+    if not (nul or big):
+        return None
+    for i, r in enumerate(rows):
+        if nul and (has_nul(r.args) or has_nul(r.kwargs)):
+            return i, "nul", 0
+        if big and (size := len(_JSON.encode([r.args, r.kwargs]))) > max_bytes:
+            return i, "size", size
+    return None
+
+
 def insert(rows: list[NewTask], using: str, payload: str | None = None) -> None:
     """Store ``rows`` (all of one ``Shared``) in one statement; the caller's transaction.
     ``payload``: ``encode(rows)`` if the caller has it."""

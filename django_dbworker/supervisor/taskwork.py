@@ -7,8 +7,9 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from .. import task_registry
@@ -28,6 +29,27 @@ CANCEL_POLL = 0.5
 SCHEDULE_POLL = 1.0
 PRUNE_POLL = 10.0
 PRUNE_BATCH = 1000
+PRUNE_ERROR_INTERVAL = 60.0
+
+
+def retention_cutoff(retention: float | timedelta | None, now: datetime) -> datetime | None:
+    """``now - retention``, or None when nothing can be that old (no retention, or a
+    retention reaching before the first representable date)."""
+    if retention is None:
+        return None
+    try:
+        keep = retention if isinstance(retention, timedelta) else timedelta(seconds=retention)
+        return now - keep
+    except (OverflowError, ValueError):
+        return None
+
+
+def _usable(alias: str) -> bool:
+    connection = connections[alias]
+    try:
+        return connection.connection is not None and connection.is_usable()
+    except DatabaseError:
+        return False
 
 
 class TaskWork:
@@ -42,6 +64,7 @@ class TaskWork:
                          if t.timeout_seconds}
         self.scheduler = Scheduler(schedules() if schedule else {})
         self._next = {"cancel": 0.0, "schedule": 0.0, "prune": 0.0}
+        self._prune_logged = -PRUNE_ERROR_INTERVAL
 
     def claim(self, room: int) -> list[TaskClaim]:
         return taskstore.claim_limited(
@@ -117,9 +140,25 @@ class TaskWork:
                   attempt=c.attempt)
 
     def _prune(self) -> None:
-        retention = self.config.RETENTION
-        keep = retention if isinstance(retention, timedelta) else timedelta(seconds=retention)
-        cutoff = timezone.now() - keep
+        """Delete a batch of tasks finished before now - RETENTION. An error other than a
+        lost database is logged (once per PRUNE_ERROR_INTERVAL) and retention tried again
+        later: it never stops the supervisor."""
+        try:
+            self._prune_batch()
+        except Exception as exc:
+            if isinstance(exc, DatabaseError) and not _usable(self.config.DATABASE):
+                raise  # the supervisor's outage back-off
+            now = time.monotonic()
+            if now - self._prune_logged >= PRUNE_ERROR_INTERVAL:
+                self._prune_logged = now
+                log_event(logging.ERROR, "prune_failed",
+                          error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+                          next_log_in=PRUNE_ERROR_INTERVAL)
+
+    def _prune_batch(self) -> None:
+        cutoff = retention_cutoff(self.config.RETENTION, timezone.now())
+        if cutoff is None:
+            return
         pruned = taskstore.prune_batch(cutoff, PRUNE_BATCH)
         if pruned:
             log_event(logging.INFO, "pruned", tasks=pruned, older_than=cutoff.isoformat())
