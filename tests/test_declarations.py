@@ -9,6 +9,7 @@ import logging
 import math
 import re
 import signal
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -448,3 +449,43 @@ def test_arguments_larger_than_arguments_max_bytes_are_refused(settings, monkeyp
     assert TaskRecord.objects.count() == 1, "nothing of the refused calls is stored"
     # many small calls whose batch is larger than the limit all go in
     assert len(tasks.add.enqueue_many([((i, i), {}) for i in range(10)])) == 10
+
+
+# ----- retention never stops a supervisor ------------------------------------------------
+
+
+def _taskwork(retention):
+    from django_dbworker.claims.store import Claimant
+    from django_dbworker.supervisor.taskwork import TaskWork
+
+    config = replace(dbconf.get(), RETENTION=retention)
+    return TaskWork(None, config, Claimant(), schedule=False)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prune_with_the_longest_retentions_deletes_nothing_and_never_overflows():
+    old = tasks.add.enqueue(1, 2)
+    TaskRecord.objects.filter(pk=old.id).update(
+        status=TaskStatus.SUCCESSFUL, finished_at=timezone.now() - timedelta(days=3650))
+    # the longest RETENTION the setting allows, and one past it (a Config built directly)
+    for retention in (timedelta(days=365 * 100), timedelta.max, 1e15):
+        _taskwork(retention)._prune()
+        assert TaskRecord.objects.filter(pk=old.id).exists()
+    _taskwork(60)._prune()
+    assert not TaskRecord.objects.filter(pk=old.id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_prune_is_logged_once_per_interval(monkeypatch, caplog):
+    from django_dbworker.claims import taskstore
+
+    def broken(cutoff, batch):
+        raise RuntimeError("decl prune broke")
+
+    monkeypatch.setattr(taskstore, "prune_batch", broken)
+    work = _taskwork(60)
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        work._prune()
+        work._prune()  # within the interval: not logged again
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prune_failed")]
+    assert len(lines) == 1 and "RuntimeError: decl prune broke" in lines[0], lines
