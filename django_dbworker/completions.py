@@ -105,8 +105,33 @@ class Completions:
             try:
                 ids = taskstore.succeed_many([(k.claim, k.value, k.finished_at) for k in kept])
             except DatabaseError as exc:
-                return done + [(k, exc) for k in kept]
+                if len(kept) == 1 or not self._usable():
+                    return done + [(k, exc) for k in kept]
+                return done + self._one_by_one(kept)
             done += [(k, k.claim.task_id in ids) for k in kept]
+        return done
+
+    def _usable(self) -> bool:
+        connection = connections[self.using]
+        try:
+            return connection.connection is not None and connection.is_usable()
+        except DatabaseError:
+            return False
+
+    def _one_by_one(self, kept: list[Kept]) -> list[tuple[Kept, bool | Exception]]:
+        """The batch's record failed on a usable connection: one value of it is at fault
+        (values are checked before they are kept, so this is a backstop). Each on its own,
+        so only that one's record fails and its batch-mates are recorded once."""
+        done: list[tuple[Kept, bool | Exception]] = []
+        for k in kept:
+            try:
+                ids = taskstore.succeed_many([(k.claim, k.value, k.finished_at)])
+            except DatabaseError as exc:
+                done.append((k, exc))
+                if not self._usable():  # lost meanwhile: the rest is given back too
+                    return done + [(rest, exc) for rest in kept[len(done):]]
+            else:
+                done.append((k, k.claim.task_id in ids))
         return done
 
     def close(self) -> None:

@@ -55,7 +55,8 @@ def set_progress(percent: float, message: str | None = None) -> bool:
         raise TypeError(f"set_progress(message={message!r}): message must be a string.")
     if unit is None:
         return False
-    text = (message or "")[:255]
+    # A NUL (refused by PostgreSQL's text) is stored as the visible ``\x00`` everywhere.
+    text = (message or "").replace("\x00", "\\x00")[:255]
     using = conf.get().DATABASE
     main = connections[using]
     model = TaskRecord if unit.kind == "task" else Execution

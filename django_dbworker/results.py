@@ -9,7 +9,7 @@ from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
 
 from . import task_registry
-from .exceptions import UnknownTask
+from .exceptions import DBWorkerError, UnknownTask
 from .models import TaskRecord, TaskStatus
 
 DJANGO_STATUS = {
@@ -65,10 +65,7 @@ def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorker
         args=row.args,
         kwargs=row.kwargs,
         backend=alias,
-        errors=[
-            TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
-            for e in row.errors
-        ],
+        errors=_errors(row),
         worker_ids=list(row.worker_ids),
         dbworker_status=TaskStatus(row.status),
         progress=row.progress,
@@ -77,6 +74,27 @@ def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorker
     )
     object.__setattr__(result, "_return_value", row.return_value)
     return result
+
+
+class InvalidTaskRow(DBWorkerError):
+    """A task row holds a value django-dbworker never writes (changed outside it)."""
+
+
+def _errors(row: TaskRecord) -> list[TaskError]:
+    """The row's stored errors; InvalidTaskRow naming the value if it is not a list of
+    objects with a class path and a traceback (changed outside django-dbworker)."""
+    stored = row.errors
+    if isinstance(stored, list | tuple) and all(
+            isinstance(e, dict) and isinstance(e.get("exception_class_path"), str)
+            and isinstance(e.get("traceback"), str) for e in stored):
+        return [TaskError(exception_class_path=e["exception_class_path"],
+                          traceback=e["traceback"]) for e in stored]
+    shown = repr(stored)
+    shown = shown if len(shown) <= 200 else shown[:200] + "..."
+    raise InvalidTaskRow(
+        f"task row {row.pk}: its stored errors value {shown} is not a list of objects with "
+        "'exception_class_path' and 'traceback' strings; it was changed outside "
+        "django-dbworker. Set errors to [] (or retry the task) to run it again.")
 
 
 #: What ``new_results`` copies from the first result to the others as it is.

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import random
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
+
+#: The longest retry delay (ten years, ``backend.MAX_TASK_SECONDS``).
+LONGEST = 10 * 365 * 86400.0
 
 if TYPE_CHECKING:
     from .backend import DBWorkerTask
@@ -16,10 +20,15 @@ def should_retry(task: DBWorkerTask, attempt: int, exc: BaseException) -> bool:
 
 def delay(task: DBWorkerTask, attempt: int, rng: random.Random | None = None) -> float:
     """Seconds to wait before the attempt after ``attempt`` (1-based)."""
+    longest = _seconds(task.retry_max_delay)
     base = _seconds(task.retry_delay)
     if task.retry_backoff:
-        base *= task.retry_backoff_factor ** (attempt - 1)
-    base = min(base, _seconds(task.retry_max_delay))
+        try:
+            base *= float(task.retry_backoff_factor) ** (attempt - 1)
+        except OverflowError:  # many attempts: far beyond any maximum
+            base = longest
+    if not base <= longest:  # (NaN or inf too)
+        base = longest
     jitter = task.retry_jitter
     if jitter:
         fraction = 1.0 if jitter is True else float(jitter)
@@ -27,7 +36,16 @@ def delay(task: DBWorkerTask, attempt: int, rng: random.Random | None = None) ->
     return max(base, 0.0)
 
 
-def _seconds(value: object) -> float:
-    from datetime import timedelta
+def at(now: datetime, seconds: float) -> datetime:
+    """``now`` plus ``seconds``, capped at ``LONGEST`` seconds (and the last datetime),
+    so no retry delay, however it was come by, overflows."""
+    if not 0 <= seconds <= LONGEST:
+        seconds = LONGEST if seconds > 0 or seconds != seconds else 0.0
+    try:
+        return now + timedelta(seconds=seconds)
+    except OverflowError:
+        return datetime.max.replace(tzinfo=now.tzinfo) - timedelta(days=2)
 
+
+def _seconds(value: object) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)  # type: ignore[arg-type]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback as tb
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,9 +236,9 @@ def _record_failure(c: Claim, exc: BaseException, started: float) -> Result:
             connection.is_usable() or connection.close()
         except DatabaseError:
             connection.close()
-    info = FailureInfo.of(exc, "".join(tb.format_exception(exc)))
+    info = FailureInfo.caught(exc)
     worker = workers[c.worker]
-    with transaction.atomic(using=using):
+    with store.recording("its failure"), transaction.atomic(using=using):
         if not store.fail(c, info):
             return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
         pending.add_siblings(worker, c.source_key, using)

@@ -6,9 +6,7 @@ import copy
 import json
 import logging
 import time
-import traceback as tb
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -21,7 +19,7 @@ from django.utils.module_loading import import_string
 from . import conf, progress, retry, task_registry
 from .backend import DBWorkerTask
 from .claims import taskstore
-from .claims.store import FailureInfo
+from .claims.store import FailureInfo, class_path, format_traceback, recording, safe_message
 from .claims.taskstore import TaskClaim
 from .completions import Kept
 from .exceptions import InvalidTaskArguments, UnknownTask
@@ -49,11 +47,18 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
     try:
         task = task_registry.resolve(c.task_path)
     except UnknownTask as exc:
-        info = FailureInfo.of(exc)
-        changed = taskstore.fail_attempt(c, info, retry_at=None, live=True)
-        return _result(c, FAILED if changed else LOST, started, str(exc))
+        return _unrunnable(c, FailureInfo.of(exc), started)
+    except Exception as exc:  # whatever resolving raised: the row's fault, not the child's
+        return _unrunnable(c, FailureInfo(
+            class_path(exc), f"looking up the task {c.task_path!r} raised "
+            f"{type(exc).__name__}: {safe_message(exc)}", format_traceback(exc)), started)
     alias = task.backend
-    result = to_result(row, alias, task)
+    try:
+        result = to_result(row, alias, task)
+    except Exception as exc:  # a row changed outside django-dbworker (priority, queue, ...)
+        return _unrunnable(c, FailureInfo(
+            class_path(exc), f"task row {c.task_id} cannot be run as stored: "
+            f"{safe_message(exc)}", format_traceback(exc)), started)
     task_started.send(type(task.get_backend()), task_result=result)
     unit = progress.Unit("task", str(c.task_id))
     token = progress.current.set(unit)
@@ -80,9 +85,19 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
         if keep is not None:
             keep(Kept(c, value, finished, after))
             return None
-        return after(bool(taskstore.succeed(c, value, at=finished)))
+        with recording("its return value"):
+            recorded = taskstore.succeed(c, value, at=finished)
+        return after(bool(recorded))
     finally:
         progress.current.reset(token)
+
+
+def _unrunnable(c: TaskClaim, info: FailureInfo, started: float) -> Result:
+    """The task cannot even start (its function or its row is wrong): FAILED, no retry."""
+    with recording("the reason it cannot run"):
+        changed = taskstore.fail_attempt(c, info, retry_at=None, live=True)
+    return _result(c, FAILED if changed else LOST, started, info.message,
+                   level=logging.ERROR)
 
 
 def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -99,6 +114,13 @@ def _json_value(task: Any, value: Any) -> Any:
         raise InvalidTaskArguments(
             f"task {task.name!r} returned a value that cannot be stored as JSON ({exc})."
         ) from None
+    if "\\u0000" in encoded and (where := _nul_in(value, "")) is not None:
+        raise InvalidTaskArguments(
+            f"task {task.name!r} returned a value that contains a NUL character (U+0000) "
+            f"at {where or 'the top level'}, which PostgreSQL cannot store; strip it "
+            "(value.replace('\\x00', '')) before returning, or encode binary data "
+            "(base64)."
+        )
     limit = conf.get().RESULT_MAX_BYTES
     if len(encoded) > limit:
         raise InvalidTaskArguments(
@@ -108,13 +130,33 @@ def _json_value(task: Any, value: Any) -> Any:
     return value
 
 
+def _nul_in(value: Any, path: str) -> str | None:
+    """Where ``value`` (normalised JSON) holds a NUL in a string or a key, or None."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}[{str(key).replace(chr(0), chr(92) + 'x00')!r}]"
+            if "\x00" in str(key):
+                return here + " (a key)"
+            if (found := _nul_in(item, here)) is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if (found := _nul_in(item, f"{path}[{i}]")) is not None:
+                return found
+    return None
+
+
 def _failed(task: Any, c: TaskClaim, exc: BaseException, started: float) -> Result:
     _reset_connection()
-    info = FailureInfo.of(exc, "".join(tb.format_exception(exc)))
+    info = FailureInfo.caught(exc)
     retry_at = None
     if isinstance(task, DBWorkerTask) and retry.should_retry(task, c.attempt, exc):
-        retry_at = timezone.now() + timedelta(seconds=retry.delay(task, c.attempt))
-    if not taskstore.fail_attempt(c, info, retry_at=retry_at, live=True):
+        retry_at = retry.at(timezone.now(), retry.delay(task, c.attempt))
+    with recording("its failure"):
+        recorded = taskstore.fail_attempt(c, info, retry_at=retry_at, live=True)
+    if not recorded:
         return _result(c, LOST, started, LOST_WHY)
     message = f"{info.exception_class}: {info.message}"
     if retry_at is not None:
@@ -134,7 +176,7 @@ def record_stopped(task_path: str, c: TaskClaim, info: FailureInfo, *,
     retry_at = None
     if (status == TaskStatus.FAILED and isinstance(task, DBWorkerTask)
             and c.attempt <= task.retries and _matches(task, info.exception_class)):
-        retry_at = timezone.now() + timedelta(seconds=retry.delay(task, c.attempt))
+        retry_at = retry.at(timezone.now(), retry.delay(task, c.attempt))
     changed = taskstore.fail_attempt(c, info, retry_at=retry_at, status=status)
     if changed and retry_at is None and task is not None:
         _callback(task, "on_failure", c, None)
@@ -160,7 +202,7 @@ def _callback(task: Any, name: str, c: TaskClaim, value: Any) -> None:
         callback(to_result(taskstore.get(c.task_id), task.backend, task), value)
     except Exception as exc:
         log_event(logging.ERROR, "callback_failed", task=c.task_path, id=c.task_id,
-                  callback=name, error=f"{type(exc).__name__}: {exc}")
+                  callback=name, error=f"{type(exc).__name__}: {safe_message(exc)}")
 
 
 def _succeeded(running: Any, value: Any, finished: Any, unit: progress.Unit) -> Any:

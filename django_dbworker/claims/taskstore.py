@@ -321,6 +321,16 @@ def error_entry(info: FailureInfo, attempt: int, when: datetime) -> dict[str, An
     }
 
 
+def _kept_errors(stored: Any) -> list[Any]:
+    """The stored errors a new one is added to: only the objects of a list (a value
+    changed outside django-dbworker, say by an UPDATE, is not kept)."""
+    if not isinstance(stored, list):
+        return []
+    return [e for e in stored if isinstance(e, dict)
+            and isinstance(e.get("exception_class_path"), str)
+            and isinstance(e.get("traceback"), str)]
+
+
 def fail_attempt(
     c: TaskClaim, info: FailureInfo, *, retry_at: datetime | None,
     status: TaskStatus = TaskStatus.FAILED, live: bool = False,
@@ -336,7 +346,7 @@ def fail_attempt(
         row = fenced.select_for_update().values("errors").first()
         if row is None:
             return 0
-        errors = [*row["errors"], error_entry(info, c.attempt, now)]
+        errors = [*_kept_errors(row["errors"]), error_entry(info, c.attempt, now)]
         done = {"token": None, "lease_expires_at": None, "errors": errors}
         if retry_at is not None:
             return fenced.update(status=TaskStatus.RETRYING, available_at=retry_at, **done)
@@ -359,7 +369,7 @@ def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> i
         row = qs.select_for_update().values("errors").first()
         if row is None:
             return 0
-        errors = [*row["errors"], error_entry(crashed, c.attempt, now)]
+        errors = [*_kept_errors(row["errors"]), error_entry(crashed, c.attempt, now)]
         return qs.update(status=TaskStatus.READY, crashes=F("crashes") + 1, errors=errors,
                          **back)
 

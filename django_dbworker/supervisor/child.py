@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .. import prepared
+from .. import conf, prepared
+from ..claims.store import safe_message
+from ..claims.taskstore import TaskClaim
 from ..completions import Completions, Kept
 from ..db import use_immediate_transactions
+from ..logs import log_event
 from . import units
 from .handoff import Handoff
 
 PR_SET_PDEATHSIG = 1
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -29,6 +35,81 @@ def _die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory now (not its peak), in MiB; None where unknown."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * _PAGE / (1024 * 1024)
+
+
+def _over_memory(limit_mb: int | None) -> bool:
+    """Above DBWORKER['CHILD_MAX_MEMORY_MB'] after a unit: the child retires (logged)."""
+    if limit_mb is None:
+        return False
+    rss = resident_mb()
+    if rss is None or rss <= limit_mb:
+        return False
+    log_event(logging.WARNING, "child_memory_limit", child=os.getpid(), rss_mb=round(rss, 1),
+              setting=f"DBWORKER['CHILD_MAX_MEMORY_MB']={limit_mb}",
+              action="replaced once its units are reported")
+    return True
+
+
+def _raw_connection(using: str) -> Any:
+    """The DB-API connection a unit starts on, or None (none open yet)."""
+    return connections[using].connection
+
+
+def run_one(seq: int, claim: units.Unit, using: str, report: list[tuple[Any, ...]],
+            keep: Callable[[Kept], None] | None = None) -> None:
+    """Run one unit and add what to report of it to ``report``; never raises for anything
+    the unit does (``contain``)."""
+    started = time.monotonic()
+    raw = _raw_connection(using)
+    try:
+        result = units.run(claim, keep)
+        if result is not None:
+            report.append((seq, "result", result))
+    except Exception as exc:  # nothing a unit does kills its child
+        contain(seq, claim, exc, raw, started, using, report)
+
+
+def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: float,
+            using: str, report: list[tuple[Any, ...]]) -> None:
+    """``exc`` escaped the unit: a lost connection gives it back; anything else is the
+    unit's own fault and becomes its FAILED record, here and now; if even that cannot
+    be recorded, the supervisor releases it as a crash (MAX_CRASHES ends it)."""
+    if isinstance(exc, DatabaseError) and (prepared.lost(exc)
+                                           or units.connection_lost(using, raw)):
+        connections[using].close()
+        report.append((seq, "db_error", str(units.describe(claim)), safe_message(exc)))
+        return
+    info = units.fallback(claim, exc)
+    log_event(logging.ERROR, "unit_error", **units.describe(claim), child=os.getpid(),
+              error=f"{info.exception_class}: {info.message}"[:1000])
+    try:
+        recorded = units.fail(claim, info)
+    except Exception as again:
+        lost = isinstance(again, DatabaseError) and units.connection_lost(using)
+        connections[using].close()
+        if lost:
+            report.append((seq, "db_error", str(units.describe(claim)),
+                           safe_message(again)))
+        else:
+            report.append((seq, "unrecordable", info, safe_message(again)))
+        return
+    from ..runner import Result
+
+    outcome = "failed" if recorded else "lease_lost"
+    report.append((seq, "result", Result(
+        claim.unit_id if isinstance(claim, TaskClaim) else claim.execution_id,
+        units.group(claim).removeprefix("task:"), outcome,
+        time.monotonic() - started, f"{info.exception_class}: {info.message}")))
 
 
 def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
@@ -46,6 +127,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
     use_immediate_transactions(using)
     prepared.activate()
     completions = Completions(using)
+    memory_mb = conf.get().CHILD_MAX_MEMORY_MB
     report: list[tuple[Any, ...]] = []
     done = 0
 
@@ -58,11 +140,18 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
     def flush() -> None:
         for kept, outcome in completions.flush():
             if isinstance(outcome, Exception):
-                connections[using].close()
-                report.append((kept.tag, "db_error", str(units.describe(kept.claim)),
-                               str(outcome)))
-            else:
+                contain(kept.tag, kept.claim, outcome, None, time.monotonic(), using, report)
+                continue
+            try:
                 report.append((kept.tag, "result", kept.after(outcome)))
+            except Exception as exc:  # what follows a record (a signal's receiver)
+                from ..runner import Result
+
+                log_event(logging.ERROR, "after_record_failed", **units.describe(kept.claim),
+                          error=f"{type(exc).__name__}: {safe_message(exc)}"[:1000])
+                report.append((kept.tag, "result", Result(
+                    kept.claim.unit_id, kept.claim.task_path,
+                    "successful" if outcome else "lease_lost", 0.0, "")))
 
     try:
         while True:
@@ -78,17 +167,11 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                 if completions.due():
                     flush()
                 completions.started()
-                try:
-                    result = units.run(claim, keep(seq))
-                    if result is not None:
-                        report.append((seq, "result", result))
-                except DatabaseError as exc:
-                    connections[using].close()
-                    report.append((seq, "db_error", str(units.describe(claim)), str(exc)))
+                run_one(seq, claim, using, report, keep(seq))
                 completions.finished()
                 handoff.finish(seq)
                 done += 1
-                if max_tasks and done >= max_tasks:
+                if (max_tasks and done >= max_tasks) or _over_memory(memory_mb):
                     flush()
                     # One message: the supervisor must learn we retire before it sees us idle.
                     pipe.send(("report", report, True))

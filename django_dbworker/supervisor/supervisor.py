@@ -488,6 +488,19 @@ class Supervisor:
                           unit=unit, error=error[:300])
                 if c is not None:
                     self.retry_release.append((c, None))
+            elif kind == "unrecordable":
+                # Not even its fallback FAILED record could be written on a working
+                # connection: released as a crash, so MAX_CRASHES ends it, never a loop.
+                info, error = details
+                log_event(logging.ERROR, "unit_unrecordable", child=ch.pid,
+                          error=f"{info.exception_class}: {info.message}"[:300],
+                          record_error=error[:300])
+                self.progress.add("crashed")
+                if c is not None:
+                    self.retry_release.append((c, FailureInfo(
+                        info.exception_class,
+                        f"{info.message}; and recording that failed too ({error[:500]})",
+                        info.traceback)))
         if self.stop_requested_at is not None and not ch.sent:
             ch.ask_to_stop()
 

@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from django.db import DatabaseError, connections
+
 from ..claims import store, taskstore
 from ..claims.store import Claim, Claimant, FailureInfo
 from ..claims.taskstore import TaskClaim
@@ -33,6 +35,44 @@ def run(c: Unit, keep: Callable[[Kept], None] | None = None) -> Any:
     from ..runner import run as run_execution
 
     return run_execution(c)
+
+
+def fail(c: Unit, info: FailureInfo) -> int:
+    """Record ``c`` FAILED for good with ``info`` (its child's last word on it)."""
+    if isinstance(c, TaskClaim):
+        return taskstore.fail_attempt(c, info, retry_at=None, live=True)
+    return store.fail(c, info)
+
+
+def connection_lost(using: str, raw: Any = None) -> bool:
+    """Is the database unreachable (a lost connection, a restarted server), rather than
+    one unit's value at fault? ``raw``: the DB-API connection the unit started on; a
+    usable connection that is another one means that one was lost."""
+    connection = connections[using]
+    try:
+        return (connection.connection is None
+                or (raw is not None and connection.connection is not raw)
+                or not connection.is_usable())
+    except DatabaseError:
+        return True
+
+
+def fallback(c: Unit, exc: BaseException) -> FailureInfo:
+    """The failure record of a unit that raised ``exc`` outside its handler: running it
+    or recording its outcome (``recording`` notes what was being recorded), with the
+    real cause and without the offending text."""
+    what = getattr(exc, "dbworker_recording", None)
+    kind = "task" if isinstance(c, TaskClaim) else "execution"
+    if isinstance(exc, DatabaseError):
+        doing = f"recording {what}" if what else "recording its outcome"
+        message = (f"the database refused {doing} with {type(exc).__name__}: "
+                   f"{store.safe_message(exc)}; the {kind} is marked FAILED without the "
+                   "value it refused (make the value storable: e.g. strip NUL characters) "
+                   "instead of being retried as a database error")
+    else:
+        message = (f"{type(exc).__name__} raised outside the handler, while running or "
+                   f"recording this {kind}: {store.safe_message(exc)}")
+    return FailureInfo(store.class_path(exc), message[:10_000], store.format_traceback(exc))
 
 
 def release(c: Unit, *, crashed: FailureInfo | None, max_crashes: int) -> int:

@@ -167,3 +167,49 @@ def wait_file(context, n, path):
     while not os.path.exists(path):
         time.sleep(0.02)
     return {"n": n, "pid": os.getpid(), "attempt": context.attempt}
+
+
+# ----- poison values, one per kind (tests/test_poison.py, test_poison_processes.py) -------
+
+
+class PoisonUnprintable(Exception):
+    """An exception whose str() and repr() raise."""
+
+    def __str__(self):
+        raise TypeError("poison str() is broken")
+
+    def __repr__(self):
+        raise TypeError("poison repr() is broken")
+
+
+@task
+def poison_innocent(n):
+    Effect.objects.create(item_id=n, worker="poison_innocent", pid=os.getpid())
+    return n
+
+
+@task
+def poison_return_nul(nested):
+    return {"outer": ["ok", "a\x00b"]} if nested else "a\x00b"
+
+
+@task
+def poison_raise_nul():
+    raise ValueError("a\x00b")
+
+
+@task
+def poison_unprintable():
+    raise PoisonUnprintable()
+
+
+@task
+def poison_progress_nul():
+    set_progress(50, "half\x00way")
+    return "done"
+
+
+@task(retries=1_000_000, retry_backoff=True, retry_backoff_factor=1000, retry_delay=1,
+      retry_max_delay=600, retry_for=(ValueError,))
+def poison_retry_overflow():
+    raise ValueError("poison: fails again")

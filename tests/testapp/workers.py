@@ -183,3 +183,38 @@ def capped(item):
     Effect.objects.create(item_id=item.pk, worker="capped", pid=os.getpid(),
                           note=f"{started:.6f} {time.time():.6f}")
     return Finished()
+
+
+# ----- poison values, one per kind (tests/test_poison.py, test_poison_processes.py) -------
+
+
+class PoisonRowUnprintable(Exception):
+    """An exception whose str() and repr() raise."""
+
+    def __str__(self):
+        raise TypeError("poison str() is broken")
+
+    def __repr__(self):
+        raise TypeError("poison repr() is broken")
+
+
+_poison_hoard = []
+
+
+@worker(source=Item, eligible=lambda: Item.objects.filter(kind="poison").order_by("id"))
+def poison_rows(item):
+    """Innocent rows ("ok") write one Effect in their transaction; the others are one poison
+    each; "hog:N" keeps N MiB allocated in its child (the per-child memory limit)."""
+    Effect.objects.create(item_id=item.pk, worker="poison_rows", pid=os.getpid())
+    action = item.action
+    if action == "nul_raise":
+        raise ValueError("a\x00b")
+    if action == "unprintable":
+        raise PoisonRowUnprintable()
+    if action == "nul_progress":
+        from django_dbworker import set_progress
+
+        set_progress(10, "row\x00progress")
+    if action.startswith("hog:"):  # written, so resident (not calloc's untouched pages)
+        _poison_hoard.append(b"x" * (int(action[4:]) * 1024 * 1024))
+    return Finished()
