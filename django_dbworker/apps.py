@@ -25,3 +25,6 @@ class DBWorkerConfig(AppConfig):
         post_save.connect(pending.on_save, dispatch_uid="dbworker-pending-save")
         post_delete.connect(pending.on_delete, dispatch_uid="dbworker-pending-delete")
         autodiscover_modules("workers")
+        # Task rows name registered tasks only (task_registry): their modules are imported
+        # here, in every process that runs or reads tasks, never because a row names one.
+        autodiscover_modules("tasks")

@@ -1,17 +1,15 @@
-"""Which task functions may run: only ``django.tasks`` tasks from installed apps.
+"""Which task functions may run: only tasks registered by ``@task`` in modules already imported.
 
-A task row names its function by dotted path. We never import an arbitrary path from the
-database: a path resolves only to a task already created in this process, or to a module
-inside an installed app whose attribute is a ``django.tasks.Task``.
+A task row names its function by dotted path. A row never causes an import: a path resolves
+only to a ``DBWorkerTask`` created in this process (``@task`` of a DBWorkerBackend registers
+it, ``register``) by a module imported for another reason: each installed app's ``tasks``
+module (imported at start-up, ``apps.DBWorkerConfig.ready``), or a module an app imports in
+its own ``AppConfig.ready()``. Anything else fails with ``UnknownTask``.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
-
-from django.apps import apps
-from django.tasks import Task
 
 from .exceptions import UnknownTask
 
@@ -19,6 +17,11 @@ if TYPE_CHECKING:
     from .backend import DBWorkerTask
 
 _tasks: dict[str, DBWorkerTask] = {}
+
+HOW_TO_REGISTER = (
+    "define it with @task in the tasks.py module of an app in INSTALLED_APPS, or import the "
+    "module defining it in that app's AppConfig.ready(); a task row never imports a module"
+)
 
 
 def register(task: DBWorkerTask) -> None:
@@ -29,24 +32,13 @@ def known() -> dict[str, DBWorkerTask]:
     return dict(_tasks)
 
 
-def resolve(path: str) -> Task:
-    """The task named ``path``; UnknownTask saying why if it is not one we may run."""
-    task = _tasks.get(path)
-    if task is not None:
-        return task
-    module_name, _, attribute = path.rpartition(".")
-    if not module_name or apps.get_containing_app_config(module_name) is None:
-        raise UnknownTask(
-            f"{path!r} is not a task of an installed app; only django.tasks tasks defined in "
-            "INSTALLED_APPS modules run."
-        )
-    try:
-        module = import_module(module_name)
-    except ImportError as exc:
-        raise UnknownTask(f"{path!r} cannot be imported: {exc}") from exc
-    task = getattr(module, attribute, None)
-    if not isinstance(task, Task):
-        raise UnknownTask(
-            f"{path!r} is not a django.tasks task (decorate the function with @task)."
-        )
+def resolve(path: str) -> DBWorkerTask:
+    """The registered task named ``path``; UnknownTask saying how to register it if none.
+
+    Nothing is imported: ``path`` comes from a row, which may have been changed by anyone
+    who can write to the table."""
+    task = _tasks.get(path) if isinstance(path, str) else None
+    if task is None:
+        shown = repr(path) if len(repr(path)) <= 300 else repr(path)[:300] + "..."
+        raise UnknownTask(f"{shown} is not a registered task; {HOW_TO_REGISTER}.")
     return task

@@ -449,8 +449,8 @@ def test_unknown_task_path_in_a_row_fails_cleanly():
     row.refresh_from_db()
     bad_module.refresh_from_db()
     assert row.status == TaskStatus.FAILED
-    assert "not a task of an installed app" in row.errors[0]["message"]
-    assert "is not a django.tasks task" in bad_module.errors[0]["message"]
+    assert "'os.system' is not a registered task" in row.errors[0]["message"]
+    assert "is not a registered task" in bad_module.errors[0]["message"]
 
 
 def test_prune_keeps_recent_and_unfinished():

@@ -1,0 +1,103 @@
+"""A task row's ``task_path`` names a registered task, or nothing runs: no import, ever."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.tasks import default_task_backend
+
+from django_dbworker import task_registry
+from django_dbworker.exceptions import UnknownTask
+from django_dbworker.models import TaskRecord, TaskStatus
+from django_dbworker.testing import run_until_idle
+from tests.conftest import ROOT
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HIDDEN = "tests.testapp.guard_sideeffect"
+HIDDEN_TASK = f"{HIDDEN}.guard_hidden"
+
+
+@pytest.fixture
+def side_effect(tmp_path, monkeypatch):
+    """The file the hidden module writes when imported; it must never exist."""
+    path = tmp_path / "imported.txt"
+    monkeypatch.setenv("DBWORKER_GUARD_SIDE_EFFECT", str(path))
+    assert HIDDEN not in sys.modules
+    yield path
+    assert HIDDEN not in sys.modules, "a task row imported a module"
+    assert not path.exists(), path.read_text()
+
+
+def tampered(path: str) -> TaskRecord:
+    result = tasks.add.enqueue(1, 2)
+    TaskRecord.objects.filter(pk=result.id).update(task_path=path)
+    return TaskRecord.objects.get(pk=result.id)
+
+
+def test_a_tampered_path_is_not_imported_and_fails_saying_how_to_register(side_effect):
+    row = tampered(HIDDEN_TASK)
+    assert run_until_idle() == {"failed": 1}
+    row.refresh_from_db()
+    assert row.status == TaskStatus.FAILED
+    message = row.errors[0]["message"]
+    assert row.errors[0]["exception_class_path"] == "django_dbworker.exceptions.UnknownTask"
+    assert message.startswith(f"'{HIDDEN_TASK}' is not a registered task; define it with "
+                              "@task in the tasks.py module of an app in INSTALLED_APPS"), message
+    assert "AppConfig.ready()" in message
+
+
+@pytest.mark.parametrize("path", [
+    "os.system", "tests.testapp.models.Item", "tests.testapp.tasks", "", "x" * 5000,
+    "tests.testapp.tasks.add.__globals__", f"{HIDDEN}.os",
+])
+def test_any_unregistered_path_fails_cleanly(side_effect, path):
+    row = tampered(path)
+    assert run_until_idle() == {"failed": 1}
+    row.refresh_from_db()
+    assert "is not a registered task" in row.errors[0]["message"]
+    assert len(row.errors[0]["message"]) < 700
+
+
+def test_reading_a_tampered_row_imports_nothing(side_effect):
+    row = tampered(HIDDEN_TASK)
+    with pytest.raises(UnknownTask, match=f"'{HIDDEN_TASK}' is not a registered task"):
+        default_task_backend.get_result(str(row.pk))
+
+
+def test_registered_tasks_still_run():
+    result = tasks.add.enqueue(2, 3)
+    assert task_registry.resolve("tests.testapp.tasks.add") is tasks.add
+    assert run_until_idle() == {"successful": 1}
+    result.refresh()
+    assert result.return_value == 5
+
+
+def test_every_apps_tasks_module_is_registered_at_start_up():
+    """django.setup() alone (a web process reading results, a shell) knows every app's
+    tasks: tasks.py modules are imported by DBWorkerConfig.ready(), nothing else."""
+    code = ("import sys, django; django.setup(); "
+            "from django_dbworker import task_registry; "
+            "print('tests.testapp.tasks.add' in task_registry.known(), "
+            f"{HIDDEN!r} in sys.modules)")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    assert out.split() == ["True", "False"], out
+
+
+@pytest.mark.processes
+def test_runworkers_never_imports_a_tampered_path(runworkers, side_effect):
+    bad = tampered(HIDDEN_TASK)
+    good = tasks.add.enqueue(4, 5)
+    process = runworkers("--burst", extra_env={"DBWORKER_GUARD_SIDE_EFFECT": str(side_effect)})
+    assert process.wait() == 0, process.output()
+    bad.refresh_from_db()
+    assert bad.status == TaskStatus.FAILED
+    assert "is not a registered task" in bad.errors[0]["message"]
+    good.refresh()
+    assert good.return_value == 9
