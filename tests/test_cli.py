@@ -184,3 +184,79 @@ def test_real_command_line_exit_codes_and_prompt(runworkers):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["changed"] == 1
     assert TaskRecord.objects.get(pk=result.id).status == TaskStatus.READY
+
+
+# ----- ids, numbers and durations that once raised tracebacks --------------------------------
+
+
+@pytest.mark.parametrize("raw, why", [
+    ("²", r"'?²'? \(not an id: an execution id is a whole number written with the digits "
+          r"0-9, a task id a UUID\)"),
+    ("١٢", r"١٢ \(not an id: an execution id is a whole number written with the digits 0-9"),
+    ("99999999999999999999", r"99999999999999999999 \(out of range: execution ids are "
+                             r"whole numbers from 1 to 9223372036854775807\)"),
+    ("9223372036854775808", r"9223372036854775808 \(out of range"),
+    ("0", r"0 \(out of range"),
+    ("a\x00b", r"'a\\x00b' \(neither an execution id"),
+])
+@pytest.mark.parametrize("command", ["retry", "cancel", "inspect"])
+def test_bad_ids_are_command_errors_naming_the_value(work, command, raw, why):
+    args = [command, raw] + (["--yes"] if command != "inspect" else [])
+    with pytest.raises(CommandError, match=rf"Unknown id\(s\): {why}"):
+        run(*args)
+
+
+def test_an_execution_id_at_the_top_of_the_range_is_looked_up(work):
+    with pytest.raises(CommandError, match=r"9223372036854775807 \(no execution has this id\)"):
+        run("retry", "9223372036854775807", "--yes")
+
+
+@pytest.mark.parametrize("raw", ["²", "99999999999999999999", "-1"])
+def test_bad_source_keys_are_command_errors(work, raw):
+    with pytest.raises(CommandError, match=r"Unknown source row\(s\): "):
+        run("reset", "touch", "--yes", "--", raw)
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "-5", "0", "1e300"])
+def test_prune_older_than_must_be_a_finite_positive_duration(work, raw):
+    with pytest.raises(CommandError, match=r"--older-than .*: give a number of seconds greater "
+                                           r"than 0 and at most 3153600000 \(100 years\)"):
+        run("prune", f"--older-than={raw}", "--yes")
+    assert TaskRecord.objects.count() == 2
+
+
+def test_prune_older_than_the_longest_allowed_runs(work):
+    assert "Changed 0" in run("prune", "--older-than", "3153600000", "--yes")
+
+
+@pytest.mark.parametrize("raw", ["99999999999999999999", "-1"])
+def test_failed_limit_out_of_range_is_a_command_error(work, raw):
+    with pytest.raises(CommandError, match=rf"--limit {raw}: give a whole number from 0 to "):
+        run("failed", f"--limit={raw}")
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-1"])
+def test_runworkers_grace_period_must_be_finite(raw):
+    with pytest.raises(CommandError, match=r"--grace-period .*: give 0 or more seconds, at "
+                                           r"most 31536000 \(one year\)"):
+        call_command("runworkers", f"--grace-period={raw}", "--burst")
+
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_bad_values_on_a_real_command_line_exit_without_a_traceback():
+    import os
+
+    from django.db import connection
+
+    env = {**os.environ, "DBWORKER_TEST_DB_NAME": connection.settings_dict["NAME"],
+           "PYTHONPATH": str(ROOT)}
+    for args, named in [(["retry", "²", "--yes"], "²"),
+                        (["cancel", "99999999999999999999", "--yes"], "99999999999999999999"),
+                        (["prune", "--older-than", "nan", "--yes"], "--older-than nan")]:
+        done = subprocess.run(
+            [sys.executable, "-m", "django", "dbworker", "--settings=tests.settings", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0, done
+        assert "Traceback" not in done.stderr, done.stderr
+        assert named in done.stderr and "CommandError" in done.stderr, done.stderr

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..claims import store, taskstore
+from ..conf import MAX_RETENTION
 from ..models import TASK_FINISHED, Supervisor, TaskRecord, TaskStatus
 from ..registry import workers
 from . import OperationError, units
@@ -118,8 +119,10 @@ def prune(older_than: float | None) -> Plan:
                                  "--older-than SECONDS to prune anyway.")
         older_than = retention.total_seconds() if isinstance(retention, timedelta) \
             else float(retention)
-    if older_than <= 0:
-        raise OperationError(f"--older-than {older_than:g}: give a number of seconds > 0.")
+    if not (isinstance(older_than, int | float) and 0 < older_than <= MAX_RETENTION):
+        raise OperationError(  # NaN and infinities too: timedelta() would raise
+            f"--older-than {older_than!r}: give a number of seconds greater than 0 and at "
+            f"most {MAX_RETENTION:.0f} (100 years).")
     using = conf.get().DATABASE
     cutoff = timezone.now() - timedelta(seconds=older_than)
     tasks = TaskRecord.objects.using(using).filter(status__in=TASK_FINISHED,

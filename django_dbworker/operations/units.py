@@ -62,6 +62,16 @@ def last_error(doc: dict[str, Any]) -> str:
     return f"{errors[-1]['exception_class']}: {first_line[0] if first_line else ''}"
 
 
+#: Execution.id is a BigAutoField.
+MAX_EXECUTION_ID = 2**63 - 1
+
+
+def shown(raw: str) -> str:
+    """An id as the operator typed it, or its repr when it would not print plainly."""
+    text = raw if raw.isprintable() and raw.strip() == raw and raw else repr(raw)
+    return text if len(text) <= 100 else text[:100] + "..."
+
+
 def find(ids: list[str]) -> tuple[list[Execution], list[TaskRecord]]:
     """The executions (numeric ids) and tasks (UUIDs) named; OperationError naming the
     ids that are neither, or that nothing has."""
@@ -69,8 +79,15 @@ def find(ids: list[str]) -> tuple[list[Execution], list[TaskRecord]]:
     uuids: dict[str, uuid.UUID] = {}
     bad: dict[str, str] = {}
     for raw in dict.fromkeys(ids):
-        if raw.isdigit():
-            numbers[raw] = int(raw)
+        if raw.isdigit():  # also true of '²' or '٣': only 0-9 make an execution id
+            if not raw.isascii():
+                bad[raw] = ("not an id: an execution id is a whole number written with the "
+                            "digits 0-9, a task id a UUID")
+            elif not 1 <= int(raw) <= MAX_EXECUTION_ID:
+                bad[raw] = (f"out of range: execution ids are whole numbers from 1 to "
+                            f"{MAX_EXECUTION_ID}")
+            else:
+                numbers[raw] = int(raw)
             continue
         try:
             uuids[raw] = uuid.UUID(raw)
@@ -85,7 +102,7 @@ def find(ids: list[str]) -> tuple[list[Execution], list[TaskRecord]]:
             if pk not in executions}
     bad |= {raw: "no task has this id" for raw, pk in uuids.items() if pk not in tasks}
     if bad:
-        named = [f"{raw} ({bad[raw]})" for raw in dict.fromkeys(ids) if raw in bad]
+        named = [f"{shown(raw)} ({bad[raw]})" for raw in dict.fromkeys(ids) if raw in bad]
         raise OperationError(f"Unknown id(s): {'; '.join(named)}.")
     return list(executions.values()), list(tasks.values())
 
@@ -100,10 +117,10 @@ def find_rows(worker: Worker, pks: list[str]) -> list[Execution]:
         try:
             wanted[keys.to_key(worker.source, raw, using)] = raw
         except (ValidationError, ValueError, TypeError):
-            bad.append(f"{raw} (not a primary key of {worker.source._meta.label})")
+            bad.append(f"{shown(raw)} (not a primary key of {worker.source._meta.label})")
     found = {e.source_id: e for e in Execution.objects.using(using).filter(
         worker=worker.name, source_id__in=list(wanted))}
-    bad += [f"{raw} (worker {worker.name!r} has no execution for this row)"
+    bad += [f"{shown(raw)} (worker {worker.name!r} has no execution for this row)"
             for key, raw in wanted.items() if key not in found]
     if bad:
         raise OperationError(f"Unknown source row(s): {'; '.join(bad)}.")

@@ -13,6 +13,8 @@ from django.utils.module_loading import autodiscover_modules
 from django_dbworker.operations import OperationError, changes, render, reports
 
 SCHEMA_VERSION = 1
+#: The largest --limit (a database LIMIT must fit its integer).
+MAX_LIMIT = 2**31 - 1
 
 
 class Command(BaseCommand):
@@ -79,8 +81,9 @@ class Command(BaseCommand):
         elif name == "stats":
             doc, text = reports.stats(options["workers"], options["queues"]), render.stats
         elif name == "failed":
-            if options["limit"] < 0:
-                raise CommandError(f"--limit {options['limit']}: give 0 or more.")
+            if not 0 <= options["limit"] <= MAX_LIMIT:
+                raise CommandError(f"--limit {options['limit']}: give a whole number from 0 "
+                                   f"to {MAX_LIMIT}.")
             doc = reports.failed(options["workers"], options["queues"],
                                  limit=options["limit"], traceback=options["tracebacks"])
 

@@ -66,8 +66,9 @@ class Command(BaseCommand):
             raise CommandError(f"--max-tasks-per-child {max_tasks}: give at least 1.")
         grace = options["grace_period"]
         grace = config.GRACE_PERIOD if grace is None else grace
-        if grace < 0:
-            raise CommandError(f"--grace-period {grace}: give 0 or more seconds.")
+        if not 0 <= grace <= conf.MAX_SECONDS:  # NaN too: it would never end
+            raise CommandError(f"--grace-period {grace}: give 0 or more seconds, at most "
+                               f"{conf.MAX_SECONDS:.0f} (one year).")
         self._check_migrations(config.DATABASE)
         log_format = options["log_format"] or config.LOG_FORMAT
         self._configure_logging(options["verbosity"], log_format)
