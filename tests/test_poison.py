@@ -321,3 +321,26 @@ def test_unit_ids_in_reports_are_unique_strings_for_tasks():
     result = tasks.poison_unprintable.enqueue()
     report = run_in_child(claim_task(result.id))
     assert report[0][2].unit_id == str(uuid.UUID(str(result.id)))
+
+
+def test_a_locked_database_is_not_the_units_fault(monkeypatch):
+    """SQLite's write lock held past its busy timeout says nothing of the unit's value:
+    given back, not FAILED (the connection still works)."""
+    from django.db import OperationalError
+
+    result = tasks.poison_innocent.enqueue(1)
+    c = claim_task(result.id)
+
+    def locked(*args, **kwargs):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(taskstore, "succeed_many", locked)
+    report = run_in_child(c)
+    monkeypatch.undo()
+    assert report[0][1] == "db_error", report
+    assert TaskRecord.objects.get(pk=result.id).status == TaskStatus.RUNNING
+
+
+def test_a_class_path_longer_than_its_column_is_shortened():
+    info = FailureInfo("x" * 400, "m")
+    assert len(info.exception_class) == 255 and info.exception_class.endswith("...")

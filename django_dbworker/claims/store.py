@@ -132,7 +132,10 @@ class FailureInfo:
             value = getattr(self, name)
             if not isinstance(value, str):
                 value = str(value)
-            object.__setattr__(self, name, sanitise(value))
+            value = sanitise(value)
+            if name == "exception_class" and len(value) > 255:  # Failure's column
+                value = value[:252] + "..."
+            object.__setattr__(self, name, value)
 
     @classmethod
     def of(cls, exc: BaseException, traceback: str = "") -> FailureInfo:

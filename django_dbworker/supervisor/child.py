@@ -84,7 +84,7 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
     """``exc`` escaped the unit: a lost connection gives it back; anything else is the
     unit's own fault and becomes its FAILED record, here and now; if even that cannot
     be recorded, the supervisor releases it as a crash (MAX_CRASHES ends it)."""
-    if isinstance(exc, DatabaseError) and (prepared.lost(exc)
+    if isinstance(exc, DatabaseError) and (prepared.lost(exc) or units.transient(exc)
                                            or units.connection_lost(using, raw)):
         connections[using].close()
         report.append((seq, "db_error", str(units.describe(claim)), safe_message(exc)))

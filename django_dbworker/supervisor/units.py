@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, OperationalError, connections
 
 from ..claims import store, taskstore
 from ..claims.store import Claim, Claimant, FailureInfo
@@ -55,6 +55,18 @@ def connection_lost(using: str, raw: Any = None) -> bool:
                 or not connection.is_usable())
     except DatabaseError:
         return True
+
+
+def transient(exc: BaseException) -> bool:
+    """A database error no unit's value causes: SQLite's write lock still held after its
+    busy timeout, a deadlock or serialization failure (PostgreSQL's class 40)."""
+    if not isinstance(exc, OperationalError):
+        return False
+    text = store.safe_message(exc)
+    cause = exc.__cause__
+    state = getattr(cause, "sqlstate", None) or ""
+    return "database is locked" in text or "database table is locked" in text \
+        or state.startswith("40")
 
 
 def fallback(c: Unit, exc: BaseException) -> FailureInfo:
