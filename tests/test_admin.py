@@ -195,3 +195,105 @@ def test_mixin_reprocess_needs_change_execution(client, failed):
     assert "dbworker_reprocess" not in client.get(url).content.decode()
     pk = next(iter(failed))
     assert client.post(url, action("dbworker_reprocess", pk)).status_code == 403
+
+
+# ----- tampered rows render; running units are not deleted ----------------------------------
+
+
+def test_an_execution_whose_source_id_is_not_a_key_renders_without_a_link(admin_client, failed):
+    """A row changed by hand: source_id 'abc' for an integer pk shows as it is, no link."""
+    tampered, other = list(failed.values())[:2]
+    Execution.objects.filter(pk=tampered.pk).update(source_id="abc")
+    Execution.objects.filter(pk=other.pk).update(source_id="99999999999999999999")
+    response = admin_client.get(EXECUTIONS)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert ">abc<" in page and "/testapp/item/abc/" not in page
+    detail = admin_client.get(reverse("admin:django_dbworker_execution_change",
+                                      args=[tampered.pk]))
+    assert detail.status_code == 200 and "abc" in detail.content.decode()
+
+
+def test_tampered_task_rows_render_in_the_list_and_their_pages(admin_client, vendor):
+    from django.db import connection
+
+    rows = [tasks.add.enqueue(i, i) for i in range(4)]
+    TaskRecord.objects.filter(pk=rows[0].id).update(task_path="os.system")
+    TaskRecord.objects.filter(pk=rows[1].id).update(priority=30000, progress=1e300)
+    TaskRecord.objects.filter(pk=rows[2].id).update(errors={"not": "a list"},
+                                                    status=TaskStatus.FAILED)
+    table = TaskRecord._meta.db_table
+    with connection.cursor() as cursor:  # arguments that are not what enqueue writes
+        # (not JSON at all is refused by both databases' JSON check)
+        cursor.execute(f"UPDATE {table} SET args = '\"not a list\"', kwargs = '[1]' "
+                       "WHERE id = %s", [uuid.UUID(rows[3].id).hex
+                                         if vendor == "sqlite" else rows[3].id])
+    response = admin_client.get(TASKS)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "30000" in page and ">system<" in page
+    for row in rows:
+        detail = admin_client.get(reverse("admin:django_dbworker_taskrecord_change",
+                                          args=[row.id]))
+        assert detail.status_code == 200, row.id
+    errors_page = admin_client.get(reverse("admin:django_dbworker_taskrecord_change",
+                                           args=[rows[2].id])).content.decode()
+    assert "&quot;not&quot;: &quot;a list&quot;" in errors_page
+
+
+def delete_selected(client, url, *pks, confirm=True):
+    return client.post(url, action("delete_selected", *pks, **({"post": "yes"} if confirm
+                                                                 else {})), follow=True)
+
+
+def test_delete_selected_skips_running_tasks_and_says_to_cancel_first(admin_client):
+    running, ready = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
+    TaskRecord.objects.filter(pk=running.id).update(status=TaskStatus.RUNNING)
+    ask = delete_selected(admin_client, TASKS, running.id, ready.id, confirm=False)
+    page = ask.content.decode()
+    assert "1 running task(s) not deleted: they are running; cancel them first" in page
+    assert f'value="{ready.id}"' in page and f'value="{running.id}"' not in page, \
+        "the confirmation lists only what will be deleted"
+    done = delete_selected(admin_client, TASKS, running.id, ready.id).content.decode()
+    assert "Successfully deleted 1 " in done
+    assert list(TaskRecord.objects.values_list("pk", flat=True)) == [uuid.UUID(running.id)]
+    only = delete_selected(admin_client, TASKS, running.id).content.decode()
+    assert "cancel them first (the Cancel action)" in only
+    assert TaskRecord.objects.filter(pk=running.id).exists()
+
+
+def test_the_delete_page_refuses_a_running_task(admin_client):
+    running = tasks.add.enqueue(1, 1)
+    TaskRecord.objects.filter(pk=running.id).update(status=TaskStatus.RUNNING)
+    url = reverse("admin:django_dbworker_taskrecord_delete", args=[running.id])
+    for response in (admin_client.get(url, follow=True),
+                     admin_client.post(url, {"post": "yes"}, follow=True)):
+        assert response.redirect_chain[-1][0] == TASKS
+        assert "cancel them first" in response.content.decode()
+    assert TaskRecord.objects.filter(pk=running.id).exists()
+    TaskRecord.objects.filter(pk=running.id).update(status=TaskStatus.CANCELLED)
+    admin_client.post(url, {"post": "yes"})
+    assert not TaskRecord.objects.filter(pk=running.id).exists()
+
+
+def test_delete_selected_skips_working_executions(admin_client, failed):
+    working, idle, _ = failed.values()
+    Execution.objects.filter(pk=working.pk).update(state=State.WORKING)
+    done = delete_selected(admin_client, EXECUTIONS, working.pk, idle.pk).content.decode()
+    assert "1 working execution(s) not deleted: they are running; wait until" in done
+    assert Execution.objects.filter(pk=working.pk).exists()
+    assert not Execution.objects.filter(pk=idle.pk).exists()
+    url = reverse("admin:django_dbworker_execution_delete", args=[working.pk])
+    admin_client.post(url, {"post": "yes"})
+    assert Execution.objects.filter(pk=working.pk).exists()
+
+
+def test_a_unit_that_started_after_the_confirmation_is_not_deleted(admin_client):
+    """The DELETE itself excludes running rows: what started meanwhile stays."""
+    from django.contrib.admin.sites import site
+
+    row = tasks.add.enqueue(1, 1)
+    model_admin = site._registry[TaskRecord]
+    TaskRecord.objects.filter(pk=row.id).update(status=TaskStatus.RUNNING)
+    model_admin.delete_queryset(None, TaskRecord.objects.filter(pk=row.id))
+    assert TaskRecord.objects.filter(pk=row.id).exists()

@@ -1,12 +1,17 @@
-"""What the admins of our own tables share: read-only pages on DBWORKER["DATABASE"]."""
+"""What the admins of our own tables share: read-only pages on DBWORKER["DATABASE"], and
+deletes that never remove a unit while it runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from django.contrib import admin
-from django.db.models import Model, QuerySet
-from django.http import HttpRequest
+from django.contrib import admin, messages
+from django.contrib.admin import ActionLocation
+from django.contrib.admin.actions import delete_selected
+from django.db.models import Model, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 
 from .. import conf
 
@@ -14,7 +19,18 @@ from .. import conf
 class QueueTableAdmin(admin.ModelAdmin):
     """Rows are written by supervisors and changed only through actions (guarded UPDATEs),
     never by a form: nothing is added, the change permission opens only the list page
-    (where the actions are), and rows are read from ``DBWORKER["DATABASE"]``."""
+    (where the actions are), and rows are read from ``DBWORKER["DATABASE"]``.
+
+    ``busy`` selects the rows a process is running now: "Delete selected" and the delete
+    page leave them alone (the DELETE itself excludes them, so a row that started meanwhile
+    is kept too) and say why: ``busy_advice``."""
+
+    #: Rows that must not be deleted (RUNNING tasks, WORKING executions).
+    busy: Q | None = None
+    #: What to do instead, e.g. "cancel them first".
+    busy_advice: str = ""
+    #: e.g. "running task(s)".
+    busy_what: str = ""
 
     class Media:
         css = {"all": ["django_dbworker/admin.css"]}
@@ -27,3 +43,51 @@ class QueueTableAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Model]:
         return super().get_queryset(request).using(conf.get().DATABASE)
+
+    # ----- deletes that skip running units ----------------------------------------------
+
+    def get_actions(self, request: HttpRequest,
+                    action_location: ActionLocation = ActionLocation.CHANGE_LIST) -> Any:
+        actions = super().get_actions(request, action_location=action_location)
+        if "delete_selected" in actions:
+            actions["delete_selected"] = replace(actions["delete_selected"],
+                                                 func=type(self).delete_idle_selected)
+        return actions
+
+    def delete_idle_selected(self, request: HttpRequest,
+                             queryset: QuerySet[Any]) -> HttpResponse | None:
+        """Django's "Delete selected", for the selected rows that are not running; the
+        running ones are named and left alone."""
+        if self.busy is not None:
+            running = queryset.filter(self.busy).count()
+            if running:
+                self._refuse_busy(request, running)
+                queryset = queryset.exclude(self.busy)
+                if not queryset.exists():
+                    return None
+        return delete_selected(self, request, queryset)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        if self.busy is not None:
+            queryset = queryset.exclude(self.busy)  # in the DELETE's own WHERE
+        queryset.delete()
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        self.delete_queryset(request, self.get_queryset(request).filter(pk=obj.pk))
+
+    def delete_view(self, request: HttpRequest, object_id: str,
+                    extra_context: Any = None) -> Any:
+        if self.busy is not None and self.has_delete_permission(request):
+            obj = self.get_object(request, object_id)
+            if obj is not None and self.get_queryset(request).filter(
+                    self.busy, pk=obj.pk).exists():
+                self._refuse_busy(request, 1)
+                opts = self.model._meta
+                return HttpResponseRedirect(reverse(
+                    f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_changelist"))
+        return super().delete_view(request, object_id, extra_context)
+
+    def _refuse_busy(self, request: HttpRequest, count: int) -> None:
+        self.message_user(
+            request, f"{count} {self.busy_what} not deleted: they are running; "
+            f"{self.busy_advice}.", messages.WARNING)

@@ -8,7 +8,8 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin import ActionLocation
 from django.contrib.admin.utils import quote
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.core.exceptions import ValidationError
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
@@ -81,6 +82,10 @@ class ExecutionAdmin(GuardedActions, QueueTableAdmin):
     list_per_page = 50
     show_full_result_count = False
     actions = ["retry_failed", "run_again"]
+    busy = Q(state=State.WORKING)
+    busy_what = "working execution(s)"
+    busy_advice = ("wait until their handler returns (or stop their runworkers), then "
+                   "delete them")
     inlines = [FailureInline]
     fieldsets = [
         (None, {"fields": ["worker", "source", "status", "attempts", "crashes", "error"]}),
@@ -115,10 +120,11 @@ class ExecutionAdmin(GuardedActions, QueueTableAdmin):
             return None
         meta = worker.source._meta
         try:
+            pk = keys.from_key(worker.source, obj.source_id)
             return reverse(f"{self.admin_site.name}:{meta.app_label}_{meta.model_name}_change",
-                           args=[quote(keys.from_key(worker.source, obj.source_id))])
-        except NoReverseMatch:
-            return None
+                           args=[quote(pk)])
+        except (NoReverseMatch, ValidationError, ValueError, TypeError, OverflowError):
+            return None  # a source_id that is not a key of the model (changed by hand)
 
     @admin.display(description="status", ordering="state")
     def status(self, obj: Execution) -> SafeString:

@@ -53,6 +53,10 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     list_per_page = 50
     show_full_result_count = False
     actions = ["retry_tasks", "cancel_tasks"]
+    busy = Q(status=TaskStatus.RUNNING)
+    busy_what = "running task(s)"
+    busy_advice = ("cancel them first (the Cancel action), then delete them once they "
+                   "stopped")
     fieldsets = [
         (None, {"fields": ["id", "task_path", "status_badge", "queue_name", "priority",
                            "backend", "attempts", "crashes", "schedule", "idempotency_key"]}),
@@ -139,6 +143,9 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     def errors_display(self, obj: TaskRecord) -> SafeString | str:
         if not obj.errors:
             return display.EMPTY
+        if not isinstance(obj.errors, list) or not all(isinstance(e, dict)
+                                                        for e in obj.errors):
+            return display.pretty_json(obj.errors)  # changed outside django-dbworker
         return format_html_join(
             "", '<div class="dbw-attempt"><h4>Attempt {} at {}: {}</h4>{}{}</div>',
             ((e.get("attempt", "?"), e.get("at", ""), e.get("exception_class_path", ""),
