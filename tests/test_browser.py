@@ -253,3 +253,24 @@ def test_staff_without_change_permission_sees_no_action_and_a_forged_post_gets_4
     shots(page, "15-forged-post-403")
     execution.refresh_from_db()
     assert execution.state == State.FAILED
+
+
+def test_delete_selected_leaves_a_running_task_and_says_to_cancel_first(page, shots):
+    superuser()
+    running, ready = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
+    TaskRecord.objects.filter(pk=running.id).update(status=TaskStatus.RUNNING)
+    log_in(page, "admin")
+    page.goto("/admin/django_dbworker/taskrecord/")
+    page.locator("#action-toggle").check()
+    page.locator("select[name$=action]").first.select_option(value="delete_selected")
+    page.locator("button[name=index]").first.click()
+    page.wait_for_load_state()
+    assert "1 running task(s) not deleted: they are running; cancel them first" in \
+        page.locator(".messagelist").inner_text()
+    shots(page, "12-delete-selected-skips-running")
+    page.locator("input[type=submit]").last.click()  # "Yes, I'm sure"
+    page.wait_for_load_state()
+    assert "Successfully deleted 1" in page.locator(".messagelist").inner_text()
+    assert list(TaskRecord.objects.values_list("pk", flat=True)) == [
+        TaskRecord.objects.get(pk=running.id).pk]
+    assert not TaskRecord.objects.filter(pk=ready.id).exists()

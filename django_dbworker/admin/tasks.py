@@ -55,7 +55,7 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     actions = ["retry_tasks", "cancel_tasks"]
     busy = Q(status=TaskStatus.RUNNING)
     busy_what = "running task(s)"
-    busy_advice = ("cancel them first (the Cancel action), then delete them once they "
+    busy_advice = ("cancel them first (the Cancel action), then delete them once they have "
                    "stopped")
     fieldsets = [
         (None, {"fields": ["id", "task_path", "status_badge", "queue_name", "priority",
