@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import multiprocessing
+import multiprocessing.process
 import os
 import signal
+import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -19,6 +23,9 @@ from .handoff import Handoff
 from .units import Unit
 
 _fork = multiprocessing.get_context("fork")
+PR_SET_CHILD_SUBREAPER = 36
+#: Seconds the processes a task left behind get after SIGTERM at stop, before SIGKILL.
+ORPHAN_GRACE = 1.0
 
 
 def describe_exit(code: int | None) -> str:
@@ -113,10 +120,148 @@ class Child:
                 self.pipe.send(None)
 
     def kill(self) -> None:
+        """SIGKILL the child and every process it started (a task's ``Popen``, even in a
+        session of its own): they were part of the unit it was running."""
+        tree: list[int] = []
         if self.process.pid and self.process.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGKILL)
+            tree = descendants(self.process.pid)
+            for pid in [*tree, self.process.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         self.process.join(5)
+        reap(tree)  # reparented to us (a subreaper) once the child died
+
+
+# ----- the processes tasks leave behind -----------------------------------------------------
+# A task may start a process that outlives its unit (``Popen(..., start_new_session=True)``
+# and never waited for). The supervisor is a child subreaper (Linux): such a process, once
+# its parent (the child) exits, becomes the supervisor's child instead of init's, so it is
+# found and stopped when the supervisor stops (``stop_orphans``), and its exit status is
+# collected (``adopt_orphans``) rather than left as a zombie.
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``); False where
+    that does not exist."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (``/proc/PID/task/*/children``)."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, parents before their children."""
+    found: list[int] = []
+    todo = children_of(pid)
+    while todo:
+        p = todo.pop(0)
+        if p not in found:
+            found.append(p)
+            todo += children_of(p)
+    return found
+
+
+def _ours() -> set[int]:
+    """Our own multiprocessing children: never reaped or stopped here."""
+    return {pid for p in list(multiprocessing.process._children)  # type: ignore[attr-defined]
+            if (pid := p.pid) is not None}
+
+
+def orphans() -> list[int]:
+    """Processes reparented to this supervisor (a subreaper), and their descendants."""
+    ours = _ours()
+    adopted = [p for p in children_of(os.getpid()) if p not in ours]
+    return adopted + [d for p in adopted for d in descendants(p)]
+
+
+def reap(pids: Iterable[int]) -> int:
+    """Collect the exit status of those of ``pids`` that are our children and exited."""
+    done = 0
+    ours = _ours()
+    for pid in pids:
+        if pid in ours:
+            continue
+        try:
+            done += os.waitpid(pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            continue
+    return done
+
+
+def _on_sigchld(signum: int, frame: object) -> None:
+    reap(children_of(os.getpid()))
+
+
+_before: list[object] = []
+
+
+def adopt_orphans() -> bool:
+    """Become a subreaper and collect the exit of every process reparented to us as it
+    exits (SIGCHLD); children forked by ``start`` put SIGCHLD back to its default.
+    ``release_orphans`` undoes it (``call_command("runworkers")`` in a process that goes
+    on)."""
+    if not become_subreaper():
+        return False
+    if not _before:
+        _before.append(signal.signal(signal.SIGCHLD, _on_sigchld))
+    return True
+
+
+def release_orphans() -> None:
+    """No longer a subreaper; SIGCHLD handled as before ``adopt_orphans``."""
+    if _before:
+        previous = _before.pop()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL if previous is None
+                      else previous)  # type: ignore[arg-type]
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def stop_orphans(grace: float = ORPHAN_GRACE) -> list[int]:
+    """SIGTERM what tasks left behind (``orphans``), SIGKILL what is left after ``grace``
+    seconds, and collect them; returns the pids that were stopped."""
+    stopped: list[int] = []
+    deadline = time.monotonic() + grace
+    killing_at = deadline + 2.0
+    while (left := orphans()) and time.monotonic() < killing_at:
+        hard = time.monotonic() >= deadline
+        for pid in left:
+            if pid not in stopped or hard:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL if hard else signal.SIGTERM)
+            if pid not in stopped:
+                stopped.append(pid)
+        reap(left)
+        time.sleep(0.02)  # polls their exit (no event to wait on), bounded by killing_at
+    reap(orphans())
+    return stopped
+
+
+def _child_main(*args: object) -> None:
+    """``child.main`` with SIGCHLD as a child expects it: a task's ``subprocess`` must get
+    its own exit statuses (the supervisor collects the exits of adopted processes)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    child.main(*args)  # type: ignore[arg-type]
 
 
 def start(slot: int, using: str, max_tasks: int | None) -> Child:
@@ -135,11 +280,16 @@ def start(slot: int, using: str, max_tasks: int | None) -> Child:
     ours, theirs = _fork.Pipe()
     handoff = Handoff(_fork)
     process = _fork.Process(
-        target=child.main,
+        target=_child_main,
         args=(theirs, using, max_tasks, os.getpid(), handoff),
         name=f"dbworker-child-{slot}",
         daemon=False,
     )
-    process.start()
+    # No SIGCHLD until the new child is one of multiprocessing's: reap() leaves those alone.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     theirs.close()
     return Child(slot, process, ours, handoff)

@@ -95,6 +95,7 @@ class Supervisor:
     def run(self) -> int:
         use_immediate_transactions(self.using)
         self._install_signals()
+        pool.adopt_orphans()  # what tasks start and leave behind is ours to stop (Linux)
         names = ",".join(w.name for w in self.options.workers)
         log_event(logging.INFO, "supervisor_started", supervisor=self.claimant.supervisor_id,
                   host=self.claimant.host, pid=self.claimant.pid, workers=names,
@@ -583,6 +584,11 @@ class Supervisor:
                 ch.kill()
             ch.pipe.close()
         self.children = []
+        stopped = pool.stop_orphans()  # processes tasks started that outlived their child
+        pool.release_orphans()
+        if stopped:
+            log_event(logging.WARNING, "orphans_stopped", pids=",".join(map(str, stopped)),
+                      reason="processes started by tasks were still running at stop")
 
     # ----- signals --------------------------------------------------------------------
 

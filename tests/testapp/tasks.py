@@ -213,3 +213,33 @@ def poison_progress_nul():
       retry_max_delay=600, retry_for=(ValueError,))
 def poison_retry_overflow():
     raise ValueError("poison: fails again")
+
+
+@task
+def guard_spawn_orphan(pidfile):
+    """Starts a process in a session of its own and never waits for it (tests/test_orphans)."""
+    import subprocess
+    from pathlib import Path
+
+    process = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    Path(pidfile).write_text(str(process.pid))
+    return process.pid
+
+
+@task(timeout=1.5)
+def guard_spawn_and_hang(pidfile):
+    """The same, then runs past its timeout: its child is killed, and the process with it."""
+    import subprocess
+    from pathlib import Path
+
+    process = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    Path(pidfile).write_text(str(process.pid))
+    time.sleep(60)
+
+
+@task
+def guard_subprocess_status():
+    """A task's own subprocess gets its own exit status (SIGCHLD is the default in a child)."""
+    import subprocess
+
+    return subprocess.run(["sh", "-c", "exit 3"]).returncode
