@@ -169,6 +169,43 @@ def wait_file(context, n, path):
     return {"n": n, "pid": os.getpid(), "attempt": context.attempt}
 
 
+# ----- the generic poison batch (tests/test_poison_batch.py) ------------------------------
+
+
+class BatchUnprintable(Exception):
+    """An exception whose str() and repr() raise."""
+
+    def __str__(self):
+        raise TypeError("str() of this exception is broken")
+
+    def __repr__(self):
+        raise TypeError("repr() of this exception is broken")
+
+
+@task
+def batch_innocent(n):
+    Effect.objects.create(item_id=n, worker="batch_innocent", pid=os.getpid())
+    return n
+
+
+@task
+def batch_poison(kind):
+    """One poison member of the batch; ``kind`` says which."""
+    if kind == "nul_return":
+        return "a\x00b"
+    if kind == "nul_raise":
+        raise ValueError("a\x00b")
+    if kind == "unprintable":
+        raise BatchUnprintable()
+    if kind == "not_json":
+        return object()
+    if kind == "system_exit":
+        raise SystemExit(3)
+    if kind == "fails":
+        raise ValueError("failed for real")
+    return kind
+
+
 # ----- poison values, one per kind (tests/test_poison.py, test_poison_processes.py) -------
 
 

@@ -185,6 +185,38 @@ def capped(item):
     return Finished()
 
 
+# ----- the generic poison batch (tests/test_poison_batch.py) ------------------------------
+
+
+class BatchRowUnprintable(Exception):
+    """An exception whose str() and repr() raise."""
+
+    def __str__(self):
+        raise TypeError("str() of this exception is broken")
+
+    def __repr__(self):
+        raise TypeError("repr() of this exception is broken")
+
+
+@worker(source=Item, eligible=lambda: Item.objects.filter(kind="batch").order_by("id"))
+def batch_rows(item):
+    """Innocent rows (action "ok") write one Effect in their transaction; the others are
+    one poison each."""
+    Effect.objects.create(item_id=item.pk, worker="batch_rows", pid=os.getpid())
+    action = item.action
+    if action == "nul_raise":
+        raise ValueError("a\x00b")
+    if action == "unprintable":
+        raise BatchRowUnprintable()
+    if action == "return_str":
+        return "done"
+    if action == "exit":
+        raise SystemExit(3)
+    if action == "nan_delay":
+        return Unfinished(delay=float("nan"))
+    return Finished()
+
+
 # ----- poison values, one per kind (tests/test_poison.py, test_poison_processes.py) -------
 
 
