@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, fields
+from inspect import isclass
 from typing import Any
 
 from django.tasks import Task, TaskResult, TaskResultStatus
@@ -80,6 +82,43 @@ class InvalidTaskRow(DBWorkerError):
     """A task row holds a value django-dbworker never writes (changed outside it)."""
 
 
+class StoredTaskError(TaskError):
+    """A ``TaskError`` read from a task row. Django's ``exception_class`` imports the
+    stored path; a row's text must never cause an import, so this one looks the class up
+    only among modules already imported (an exception a task raised is, in the process
+    that ran it; elsewhere its module is usually imported with the task's)."""
+
+    __slots__ = ()
+
+    @property
+    def exception_class(self) -> type[BaseException]:
+        path = self.exception_class_path
+        found = _imported(path)
+        if not (isclass(found) and issubclass(found, BaseException)):
+            raise ValueError(
+                f"{path!r} is not an exception class of a module imported in this process "
+                "(a stored error never imports a module); compare exception_class_path, "
+                "or import the module that defines the exception first."
+            )
+        return found
+
+
+def _imported(path: str) -> object:
+    """The object at dotted ``path`` if its module is already imported, else None."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is None:
+            continue
+        found: object = module
+        for name in parts[cut:]:
+            found = getattr(found, name, None)
+            if found is None:
+                return None
+        return found
+    return None
+
+
 def _errors(row: TaskRecord) -> list[TaskError]:
     """The row's stored errors; InvalidTaskRow naming the value if it is not a list of
     objects with a class path and a traceback (changed outside django-dbworker)."""
@@ -87,7 +126,7 @@ def _errors(row: TaskRecord) -> list[TaskError]:
     if isinstance(stored, list | tuple) and all(
             isinstance(e, dict) and isinstance(e.get("exception_class_path"), str)
             and isinstance(e.get("traceback"), str) for e in stored):
-        return [TaskError(exception_class_path=e["exception_class_path"],
+        return [StoredTaskError(exception_class_path=e["exception_class_path"],
                           traceback=e["traceback"]) for e in stored]
     shown = repr(stored)
     shown = shown if len(shown) <= 200 else shown[:200] + "..."
