@@ -88,6 +88,8 @@ MAX_RETENTION = 100 * 365 * 24 * 3600.0
 MAX_SQLITE_BUSY_TIMEOUT = (2**31 - 1) / 1000
 #: The largest count any integer setting may hold (a database integer).
 MAX_COUNT = 2**31 - 1
+#: Child processes per supervisor, at most (each one is a process and a connection).
+MAX_CONCURRENCY = 1000
 _LIMITS = {"RETENTION": (MAX_RETENTION, "100 years"),
            "SQLITE_BUSY_TIMEOUT": (MAX_SQLITE_BUSY_TIMEOUT, "SQLite's limit")}
 _POSITIVE = {"LEASE_SECONDS", "POLL_INTERVAL", "SWEEP_INTERVAL", "SQLITE_BUSY_TIMEOUT"}
@@ -145,9 +147,10 @@ def _check(key: str, value: Any) -> None:
             )
         return
     if key in _AT_LEAST_ONE:
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        most = MAX_CONCURRENCY if key == "CONCURRENCY" else MAX_COUNT
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
             raise ImproperlyConfigured(
-                f"{where} is {value!r}; it must be an integer >= 1 and <= {MAX_COUNT}."
+                f"{where} is {value!r}; it must be an integer >= 1 and <= {most}."
             )
         return
     if isinstance(value, bool) or not isinstance(value, _NUMBERS):

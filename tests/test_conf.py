@@ -31,6 +31,7 @@ def test_defaults():
         ({"GRACE_PERIOD": -1}, r"GRACE_PERIOD'\] is -1; it must not be negative"),
         ({"MAX_CRASHES": 0}, r"MAX_CRASHES'\] is 0; it must be an integer >= 1"),
         ({"CONCURRENCY": 2.5}, r"CONCURRENCY'\] is 2.5; it must be an integer >= 1"),
+        ({"CONCURRENCY": 5000}, r"CONCURRENCY'\] is 5000; it must be an integer >= 1 and <= 1000"),
         ({"MAX_TASKS_PER_CHILD": True}, r"MAX_TASKS_PER_CHILD'\] is True"),
         ({"PREFETCH": -1}, r"PREFETCH'\] is -1; it must be an integer >= 0"),
         ({"PREFETCH": 1.5}, r"PREFETCH'\] is 1.5; it must be an integer >= 0"),
@@ -92,6 +93,8 @@ def test_in_memory_sqlite_is_refused():
     [
         (["--worker", "nope"], "No worker named 'nope'"),
         (["--concurrency", "0"], "--concurrency 0"),
+        (["--concurrency", "99999999999999999999"],
+         "--concurrency 99999999999999999999: give at least 1 and at most 1000"),
         (["--max-tasks-per-child", "0"], "--max-tasks-per-child 0"),
         (["--grace-period", "-1"], "--grace-period -1"),
     ],

@@ -58,8 +58,10 @@ class Command(BaseCommand):
         run_tasks, queues = self._queues(queue_names, everything=not worker_names)
         concurrency = options["concurrency"]
         concurrency = config.CONCURRENCY if concurrency is None else concurrency
-        if concurrency < 1:
-            raise CommandError(f"--concurrency {concurrency}: give at least 1.")
+        if not 1 <= concurrency <= conf.MAX_CONCURRENCY:
+            raise CommandError(f"--concurrency {concurrency}: give at least 1 and at most "
+                               f"{conf.MAX_CONCURRENCY} (one process and one database "
+                               "connection each).")
         max_tasks = options["max_tasks_per_child"]
         max_tasks = config.MAX_TASKS_PER_CHILD if max_tasks is None else max_tasks
         if max_tasks is not None and max_tasks < 1:
