@@ -344,3 +344,31 @@ def test_a_locked_database_is_not_the_units_fault(monkeypatch):
 def test_a_class_path_longer_than_its_column_is_shortened():
     info = FailureInfo("x" * 400, "m")
     assert len(info.exception_class) == 255 and info.exception_class.endswith("...")
+
+
+def test_a_row_failed_by_the_child_makes_it_pending_for_its_sibling_workers(monkeypatch):
+    """A fallback FAILED record, like the runner's own, makes the row pending for the
+    other workers over its model at once (one waiting on FAILED need not wait for a
+    sweep), even for a row written without save()."""
+    from django_dbworker import workers
+    from django_dbworker.claims import pending
+
+    (item,) = Item.objects.bulk_create([Item(kind="poison", action="nul_raise")])
+    pending.add(workers["poison_rows"], [item.pk], "default")
+    (c,) = store.claim(workers["poison_rows"], 1, Claimant(), 30)
+    real = store.fail
+    calls = []
+
+    def refuse_first(claim, info):  # the runner's own record is refused: the child's goes in
+        calls.append(info)
+        if len(calls) == 1:
+            raise DataError("refused by the database")
+        return real(claim, info)
+
+    monkeypatch.setattr(store, "fail", refuse_first)
+    report = run_in_child(c)
+    monkeypatch.undo()
+    assert report[0][2].outcome == "failed", report
+    siblings = set(Execution.objects.filter(source_id=str(item.pk), state=State.PENDING)
+                   .values_list("worker", flat=True))
+    assert {"touch", "after_touch", "batch_rows"} <= siblings, siblings

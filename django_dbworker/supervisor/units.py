@@ -41,7 +41,18 @@ def fail(c: Unit, info: FailureInfo) -> int:
     """Record ``c`` FAILED for good with ``info`` (its child's last word on it)."""
     if isinstance(c, TaskClaim):
         return taskstore.fail_attempt(c, info, retry_at=None, live=True)
-    return store.fail(c, info)
+    failed = store.fail(c, info)
+    if failed:  # as the runner's own failure record does; else the next sweep finds them
+        from .. import conf
+        from ..claims import pending
+        from ..registry import workers
+
+        try:
+            pending.add_siblings(workers[c.worker], c.source_key, conf.get().DATABASE)
+        except Exception as exc:
+            log_event(logging.WARNING, "siblings_not_marked", **describe(c),
+                      error=f"{type(exc).__name__}: {store.safe_message(exc)}"[:300])
+    return failed
 
 
 def connection_lost(using: str, raw: Any = None) -> bool:
