@@ -29,3 +29,29 @@ class RunUntilIdleInTestCase(TestCase):
 
         with self.assertRaises(UnknownWorker):
             run_until_idle(["nope"])
+
+    def test_what_escapes_a_unit_fails_it_as_in_a_child(self):
+        """Anything that escapes running a unit (here a fault injected into the runner's
+        start) fails that unit, as a runworkers child records it, and the rest run."""
+        from unittest import mock
+
+        from django_dbworker import runner
+        from django_dbworker.models import Execution, Failure
+
+        first, second = Item.objects.create(), Item.objects.create()
+        doomed = Execution.objects.get(worker="touch", source_id=str(first.pk)).pk
+        real = runner.progress.Unit
+
+        def broken(kind, id):
+            if id == str(doomed):
+                raise RuntimeError("injected fault")
+            return real(kind, id)
+
+        with mock.patch.object(runner.progress, "Unit", broken):
+            counts = run_until_idle(["touch"])
+        self.assertEqual(counts, {"finished": 1, "failed": 1})
+        self.assertEqual(execution_status(worker="touch", source_id=second.pk),
+                         ExecutionStatus.FINISHED)
+        failure = Failure.objects.get(execution_id=doomed)
+        self.assertEqual(failure.exception_class, "builtins.RuntimeError")
+        self.assertIn("injected fault", failure.message)
