@@ -57,12 +57,12 @@ def test_failure_info_replaces_nul_with_a_visible_escape():
 
 def test_failure_info_of_an_unprintable_exception_says_so_and_formats_its_traceback():
     try:
-        raise tasks.PoisonUnprintable()
-    except tasks.PoisonUnprintable as exc:
+        raise tasks.Unprintable()
+    except tasks.Unprintable as exc:
         info = FailureInfo.caught(exc)
-    assert info.exception_class == "tests.testapp.tasks.PoisonUnprintable"
-    assert info.message == ("<unprintable PoisonUnprintable: str() raised TypeError: "
-                            "poison str() is broken>")
+    assert info.exception_class == "tests.testapp.workers.Unprintable"
+    assert info.message == ("<unprintable Unprintable: str() raised TypeError: "
+                            "str() of this exception is broken>")
     assert "test_failure_info_of_an_unprintable" in info.traceback
 
 
@@ -94,8 +94,8 @@ def test_an_unprintable_exception_fails_its_task_with_a_description():
     result = tasks.poison_unprintable.enqueue()
     run_until_idle()
     error = only_error(result.id)
-    assert error["exception_class_path"] == "tests.testapp.tasks.PoisonUnprintable"
-    assert "<unprintable PoisonUnprintable: str() raised TypeError" in error["message"]
+    assert error["exception_class_path"] == "tests.testapp.workers.Unprintable"
+    assert "<unprintable Unprintable: str() raised TypeError" in error["message"]
 
 
 def test_a_progress_message_with_nul_is_stored_escaped():
@@ -275,6 +275,25 @@ def test_one_bad_value_in_a_batched_record_does_not_fail_its_batch_mates(monkeyp
 # ----- rows ----------------------------------------------------------------------------
 
 
+def run_in_child_refusing_the_first_record(c: units.Unit, monkeypatch) -> list[tuple]:
+    """``run_in_child`` with the runner's own FAILED record refused by the database (as a
+    value PostgreSQL cannot store would be): the child's fallback record goes in."""
+    real = store.fail
+    calls = []
+
+    def refuse_first(claim, info):
+        calls.append(info)
+        if len(calls) == 1:
+            raise DataError("refused by the database")
+        return real(claim, info)
+
+    monkeypatch.setattr(store, "fail", refuse_first)
+    try:
+        return run_in_child(c)
+    finally:
+        monkeypatch.undo()
+
+
 def row_failure(item: Item) -> Failure:
     execution = Execution.objects.get(worker="poison_rows", source_id=str(item.pk))
     assert execution.state == State.FAILED
@@ -289,7 +308,7 @@ def test_a_row_handler_raising_nul_fails_its_row_once_and_the_others_run_once():
     assert counts["failed"] == 2 and counts["finished"] == 4, counts
     assert row_failure(items[1]).message == "a\\x00b"
     assert row_failure(items[3]).message.startswith(
-        "<unprintable PoisonRowUnprintable: str() raised TypeError")
+        "<unprintable Unprintable: str() raised TypeError")
     ran = sorted(Effect.objects.filter(worker="poison_rows").values_list("item_id", flat=True))
     assert ran == [items[i].pk for i in (0, 2, 4, 5)]
     assert Execution.objects.get(worker="poison_rows",
@@ -300,18 +319,7 @@ def test_a_row_handler_raising_nul_fails_its_row_once_and_the_others_run_once():
 def test_a_row_whose_record_raises_fails_with_a_fallback_in_the_child(monkeypatch):
     item = Item.objects.create(kind="poison", action="nul_raise")
     (c,) = store.claim(__import__("django_dbworker").workers["poison_rows"], 1, Claimant(), 30)
-    real = store.fail
-    calls = []
-
-    def refuse_first(claim, info):
-        calls.append(info)
-        if len(calls) == 1:
-            raise DataError("refused by the database")
-        return real(claim, info)
-
-    monkeypatch.setattr(store, "fail", refuse_first)
-    report = run_in_child(c)
-    monkeypatch.undo()
+    report = run_in_child_refusing_the_first_record(c, monkeypatch)
     assert report[0][2].outcome == "failed", report
     assert "the database refused recording its failure with DataError" in \
         row_failure(item).message
@@ -356,18 +364,7 @@ def test_a_row_failed_by_the_child_makes_it_pending_for_its_sibling_workers(monk
     (item,) = Item.objects.bulk_create([Item(kind="poison", action="nul_raise")])
     pending.add(workers["poison_rows"], [item.pk], "default")
     (c,) = store.claim(workers["poison_rows"], 1, Claimant(), 30)
-    real = store.fail
-    calls = []
-
-    def refuse_first(claim, info):  # the runner's own record is refused: the child's goes in
-        calls.append(info)
-        if len(calls) == 1:
-            raise DataError("refused by the database")
-        return real(claim, info)
-
-    monkeypatch.setattr(store, "fail", refuse_first)
-    report = run_in_child(c)
-    monkeypatch.undo()
+    report = run_in_child_refusing_the_first_record(c, monkeypatch)
     assert report[0][2].outcome == "failed", report
     siblings = set(Execution.objects.filter(source_id=str(item.pk), state=State.PENDING)
                    .values_list("worker", flat=True))

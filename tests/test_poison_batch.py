@@ -23,7 +23,7 @@ pytestmark = pytest.mark.processes
 POISON = {
     "nul_return": ("django_dbworker.exceptions.InvalidTaskArguments", "NUL"),
     "nul_raise": ("builtins.ValueError", "a\\x00b"),
-    "unprintable": ("tests.testapp.tasks.BatchUnprintable", "unprintable"),
+    "unprintable": ("tests.testapp.workers.Unprintable", "unprintable"),
     "not_json": ("django_dbworker.exceptions.InvalidTaskArguments", "cannot be stored as JSON"),
     "system_exit": ("builtins.SystemExit", "3"),
     "tampered_path": ("django_dbworker.exceptions.UnknownTask",
@@ -87,7 +87,7 @@ def test_one_poison_member_of_each_kind_fails_alone(runworkers, tmp_path):
 #: row action -> (the stored exception class, words its message must contain)
 ROW_POISON = {
     "nul_raise": ("builtins.ValueError", "a\\x00b"),
-    "unprintable": ("tests.testapp.workers.BatchRowUnprintable", "unprintable"),
+    "unprintable": ("tests.testapp.workers.Unprintable", "unprintable"),
     "return_str": ("django_dbworker.exceptions.InvalidOutcome", "returned 'done'"),
     "exit": ("builtins.SystemExit", "3"),
     "nan_delay": ("builtins.ValueError", "Unfinished(delay=nan)"),

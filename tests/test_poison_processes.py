@@ -49,7 +49,7 @@ POISONS: dict[str, tuple[Callable[[], object], str]] = {
                    "returned a value that contains a NUL character (U+0000) at ['outer'][1]"),
     "nul_raise": (_enqueue(tasks.poison_raise_nul), "a\\x00b"),
     "unprintable": (_enqueue(tasks.poison_unprintable),
-                    "<unprintable PoisonUnprintable: str() raised TypeError"),
+                    "<unprintable Unprintable: str() raised TypeError"),
     "tampered_errors": (_tamper(errors={"not": "a list"}), "its stored errors value"),
     "tampered_priority": (_tamper(priority=1000), "cannot be run as stored"),
     "tampered_queue": (_tamper(queue_name="nowhere"), "cannot be run as stored"),
@@ -90,7 +90,7 @@ def test_a_poison_task_fails_once_and_its_batch_mates_run_once(runworkers, kind)
 
 @pytest.mark.parametrize("action,cause", [
     ("nul_raise", "a\\x00b"),
-    ("unprintable", "<unprintable PoisonRowUnprintable: str() raised TypeError"),
+    ("unprintable", "<unprintable Unprintable: str() raised TypeError"),
 ])
 def test_a_poison_row_fails_once_and_its_batch_mates_run_once(runworkers, action, cause):
     with transaction.atomic():

@@ -112,13 +112,13 @@ def test_a_stored_error_class_is_never_imported_when_read(side_effect):
     assert errors and errors[-1].exception_class is ValueError  # a real one still resolves
     TaskRecord.objects.filter(pk=result.id).update(errors=[
         {"exception_class_path": f"{HIDDEN}.Boom", "traceback": "", "message": "x"},
-        {"exception_class_path": "tests.testapp.tasks.BatchUnprintable", "traceback": ""},
+        {"exception_class_path": "tests.testapp.workers.Unprintable", "traceback": ""},
         {"exception_class_path": "os.path", "traceback": ""},
     ])
     hidden, nested, not_a_class = default_task_backend.get_result(result.id).errors
     assert hidden.exception_class_path == f"{HIDDEN}.Boom"
     with pytest.raises(ValueError, match="a stored error never imports a module"):
         _ = hidden.exception_class
-    assert nested.exception_class is tasks.BatchUnprintable
+    assert nested.exception_class is tasks.Unprintable
     with pytest.raises(ValueError, match="'os.path' is not an exception class"):
         _ = not_a_class.exception_class

@@ -10,7 +10,7 @@ from django.tasks import task
 from django_dbworker import set_progress
 
 from .models import Effect
-from .workers import _exhaust_memory
+from .workers import Unprintable, _exhaust_memory
 
 
 def record_success(result, value):
@@ -172,16 +172,6 @@ def wait_file(context, n, path):
 # ----- the generic poison batch (tests/test_poison_batch.py) ------------------------------
 
 
-class BatchUnprintable(Exception):
-    """An exception whose str() and repr() raise."""
-
-    def __str__(self):
-        raise TypeError("str() of this exception is broken")
-
-    def __repr__(self):
-        raise TypeError("repr() of this exception is broken")
-
-
 @task
 def batch_innocent(n):
     Effect.objects.create(item_id=n, worker="batch_innocent", pid=os.getpid())
@@ -196,7 +186,7 @@ def batch_poison(kind):
     if kind == "nul_raise":
         raise ValueError("a\x00b")
     if kind == "unprintable":
-        raise BatchUnprintable()
+        raise Unprintable()
     if kind == "not_json":
         return object()
     if kind == "system_exit":
@@ -207,16 +197,6 @@ def batch_poison(kind):
 
 
 # ----- poison values, one per kind (tests/test_poison.py, test_poison_processes.py) -------
-
-
-class PoisonUnprintable(Exception):
-    """An exception whose str() and repr() raise."""
-
-    def __str__(self):
-        raise TypeError("poison str() is broken")
-
-    def __repr__(self):
-        raise TypeError("poison repr() is broken")
 
 
 @task
@@ -237,7 +217,7 @@ def poison_raise_nul():
 
 @task
 def poison_unprintable():
-    raise PoisonUnprintable()
+    raise Unprintable()
 
 
 @task

@@ -106,6 +106,16 @@ def _act(item, name, context=None):
     raise AssertionError(f"unknown action {action!r}")
 
 
+class Unprintable(Exception):
+    """An exception whose str() and repr() raise (the poison tests)."""
+
+    def __str__(self):
+        raise TypeError("str() of this exception is broken")
+
+    def __repr__(self):
+        raise TypeError("repr() of this exception is broken")
+
+
 def _exhaust_memory():
     """Allocate until MemoryError, under an address-space limit set here (and lifted after),
     so the test machine's memory is never at risk."""
@@ -188,16 +198,6 @@ def capped(item):
 # ----- the generic poison batch (tests/test_poison_batch.py) ------------------------------
 
 
-class BatchRowUnprintable(Exception):
-    """An exception whose str() and repr() raise."""
-
-    def __str__(self):
-        raise TypeError("str() of this exception is broken")
-
-    def __repr__(self):
-        raise TypeError("repr() of this exception is broken")
-
-
 @worker(source=Item, eligible=lambda: Item.objects.filter(kind="batch").order_by("id"))
 def batch_rows(item):
     """Innocent rows (action "ok") write one Effect in their transaction; the others are
@@ -207,7 +207,7 @@ def batch_rows(item):
     if action == "nul_raise":
         raise ValueError("a\x00b")
     if action == "unprintable":
-        raise BatchRowUnprintable()
+        raise Unprintable()
     if action == "return_str":
         return "done"
     if action == "exit":
@@ -218,16 +218,6 @@ def batch_rows(item):
 
 
 # ----- poison values, one per kind (tests/test_poison.py, test_poison_processes.py) -------
-
-
-class PoisonRowUnprintable(Exception):
-    """An exception whose str() and repr() raise."""
-
-    def __str__(self):
-        raise TypeError("poison str() is broken")
-
-    def __repr__(self):
-        raise TypeError("poison repr() is broken")
 
 
 _poison_hoard = []
@@ -242,7 +232,7 @@ def poison_rows(item):
     if action == "nul_raise":
         raise ValueError("a\x00b")
     if action == "unprintable":
-        raise PoisonRowUnprintable()
+        raise Unprintable()
     if action == "nul_progress":
         from django_dbworker import set_progress
 
