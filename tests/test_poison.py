@@ -368,4 +368,4 @@ def test_a_row_failed_by_the_child_makes_it_pending_for_its_sibling_workers(monk
     assert report[0][2].outcome == "failed", report
     siblings = set(Execution.objects.filter(source_id=str(item.pk), state=State.PENDING)
                    .values_list("worker", flat=True))
-    assert {"touch", "after_touch", "batch_rows"} <= siblings, siblings
+    assert {"touch", "after_touch", "ranked"} <= siblings, siblings

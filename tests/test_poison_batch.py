@@ -34,6 +34,18 @@ POISON = {
 INNOCENT = 40
 
 
+#: kind -> how its task is enqueued (the tampered ones are changed afterwards)
+ENQUEUE = {
+    "nul_return": lambda: tasks.poison_return_nul.enqueue(False),
+    "nul_raise": lambda: tasks.poison_raise_nul.enqueue(),
+    "unprintable": lambda: tasks.poison_unprintable.enqueue(),
+    "not_json": lambda: tasks.returns_object.enqueue(),
+    "system_exit": lambda: tasks.poison_exit.enqueue(),
+    "tampered_path": lambda: tasks.poison_fails.enqueue(),
+    "tampered_errors": lambda: tasks.poison_fails.enqueue(),
+}
+
+
 def _enqueue() -> tuple[dict[str, str], list[str]]:
     """Innocent tasks with the poison members spread among them, in one enqueue order."""
     poison: dict[str, str] = {}
@@ -41,11 +53,10 @@ def _enqueue() -> tuple[dict[str, str], list[str]]:
     kinds = list(POISON)
     every = INNOCENT // len(kinds)
     for n in range(INNOCENT):
-        innocent.append(tasks.batch_innocent.enqueue(n).id)
+        innocent.append(tasks.poison_innocent.enqueue(n).id)
         if n % every == every // 2 and kinds:
             kind = kinds.pop(0)
-            as_enqueued = {"tampered_path": "fails", "tampered_errors": "fails"}.get(kind, kind)
-            poison[kind] = tasks.batch_poison.enqueue(as_enqueued).id
+            poison[kind] = ENQUEUE[kind]().id
     assert not kinds
     # Rows changed behind the API's back, as a careless script or a hostile user would.
     TaskRecord.objects.filter(pk=poison["tampered_path"]).update(
@@ -79,7 +90,7 @@ def test_one_poison_member_of_each_kind_fails_alone(runworkers, tmp_path):
 
     assert all(rows[str(pk)].status == TaskStatus.SUCCESSFUL for pk in innocent), Counter(
         rows[str(pk)].status for pk in innocent)
-    counts = dict(Effect.objects.filter(worker="batch_innocent")
+    counts = dict(Effect.objects.filter(worker="poison_innocent")
                   .values_list("item_id").annotate(n=Count("id")))
     assert counts == {n: 1 for n in range(INNOCENT)}, counts
 
@@ -101,14 +112,14 @@ def test_one_poison_row_of_each_kind_fails_alone(runworkers):
     every = INNOCENT_ROWS // len(ROW_POISON)
     for i, kind in enumerate(ROW_POISON):
         actions.insert(i * (every + 1) + every // 2, kind)
-    items = Item.objects.bulk_create([Item(kind="batch", action=a) for a in actions])
-    rw = runworkers("--burst", "--concurrency", "1", "--worker", "batch_rows")
+    items = Item.objects.bulk_create([Item(kind="poison", action=a) for a in actions])
+    rw = runworkers("--burst", "--concurrency", "1", "--worker", "poison_rows")
     code = rw.wait(90)
     out = rw.output()
     assert code == 0, out
     assert "child_died" not in out and "child_exited" not in out, out
 
-    units = {e.source_id: e for e in Execution.objects.filter(worker="batch_rows")}
+    units = {e.source_id: e for e in Execution.objects.filter(worker="poison_rows")}
     assert len(units) == len(items)
     for item in items:
         unit = units[str(item.pk)]
@@ -124,6 +135,6 @@ def test_one_poison_row_of_each_kind_fails_alone(runworkers):
         assert words in failures[0].message, (item.action, failures[0].message)
         assert "\x00" not in failures[0].message + failures[0].traceback
     # Innocent rows committed exactly once; a poison row's writes rolled back with it.
-    counts = dict(Effect.objects.filter(worker="batch_rows")
+    counts = dict(Effect.objects.filter(worker="poison_rows")
                   .values_list("item_id").annotate(n=Count("id")))
     assert counts == {i.pk: 1 for i in items if i.action == "ok"}, counts

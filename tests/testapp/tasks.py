@@ -169,33 +169,6 @@ def wait_file(context, n, path):
     return {"n": n, "pid": os.getpid(), "attempt": context.attempt}
 
 
-# ----- the generic poison batch (tests/test_poison_batch.py) ------------------------------
-
-
-@task
-def batch_innocent(n):
-    Effect.objects.create(item_id=n, worker="batch_innocent", pid=os.getpid())
-    return n
-
-
-@task
-def batch_poison(kind):
-    """One poison member of the batch; ``kind`` says which."""
-    if kind == "nul_return":
-        return "a\x00b"
-    if kind == "nul_raise":
-        raise ValueError("a\x00b")
-    if kind == "unprintable":
-        raise Unprintable()
-    if kind == "not_json":
-        return object()
-    if kind == "system_exit":
-        raise SystemExit(3)
-    if kind == "fails":
-        raise ValueError("failed for real")
-    return kind
-
-
 # ----- poison values, one per kind (tests/test_poison.py, test_poison_processes.py) -------
 
 
@@ -213,6 +186,16 @@ def poison_return_nul(nested):
 @task
 def poison_raise_nul():
     raise ValueError("a\x00b")
+
+
+@task
+def poison_exit():
+    raise SystemExit(3)
+
+
+@task
+def poison_fails():
+    raise ValueError("failed for real")
 
 
 @task

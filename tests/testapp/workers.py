@@ -195,28 +195,6 @@ def capped(item):
     return Finished()
 
 
-# ----- the generic poison batch (tests/test_poison_batch.py) ------------------------------
-
-
-@worker(source=Item, eligible=lambda: Item.objects.filter(kind="batch").order_by("id"))
-def batch_rows(item):
-    """Innocent rows (action "ok") write one Effect in their transaction; the others are
-    one poison each."""
-    Effect.objects.create(item_id=item.pk, worker="batch_rows", pid=os.getpid())
-    action = item.action
-    if action == "nul_raise":
-        raise ValueError("a\x00b")
-    if action == "unprintable":
-        raise Unprintable()
-    if action == "return_str":
-        return "done"
-    if action == "exit":
-        raise SystemExit(3)
-    if action == "nan_delay":
-        return Unfinished(delay=float("nan"))
-    return Finished()
-
-
 # ----- poison values, one per kind (tests/test_poison.py, test_poison_processes.py) -------
 
 
@@ -237,6 +215,12 @@ def poison_rows(item):
         from django_dbworker import set_progress
 
         set_progress(10, "row\x00progress")
+    if action == "return_str":
+        return "done"
+    if action == "exit":
+        raise SystemExit(3)
+    if action == "nan_delay":
+        return Unfinished(delay=float("nan"))
     if action.startswith("hog:"):  # written, so resident (not calloc's untouched pages)
         _poison_hoard.append(b"x" * (int(action[4:]) * 1024 * 1024))
     return Finished()
