@@ -123,6 +123,8 @@ def _errors(row: TaskRecord) -> list[TaskError]:
     """The row's stored errors; InvalidTaskRow naming the value if it is not a list of
     objects with a class path and a traceback (changed outside django-dbworker)."""
     stored = row.errors
+    if stored == []:  # most rows: nothing to look at
+        return []
     if isinstance(stored, list | tuple) and all(
             isinstance(e, dict) and isinstance(e.get("exception_class_path"), str)
             and isinstance(e.get("traceback"), str) for e in stored):
