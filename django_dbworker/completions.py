@@ -27,7 +27,7 @@ from django.db import DatabaseError, connections
 
 from .claims import taskstore
 from .claims.taskstore import TaskClaim
-from .db import use_immediate_transactions
+from .db import connected, use_immediate_transactions
 
 #: Seconds one task may run before the tasks that finished before it are recorded.
 PATIENCE = 0.005
@@ -105,18 +105,11 @@ class Completions:
             try:
                 ids = taskstore.succeed_many([(k.claim, k.value, k.finished_at) for k in kept])
             except DatabaseError as exc:
-                if len(kept) == 1 or not self._usable():
+                if len(kept) == 1 or not connected(self.using):
                     return done + [(k, exc) for k in kept]
                 return done + self._one_by_one(kept)
             done += [(k, k.claim.task_id in ids) for k in kept]
         return done
-
-    def _usable(self) -> bool:
-        connection = connections[self.using]
-        try:
-            return connection.connection is not None and connection.is_usable()
-        except DatabaseError:
-            return False
 
     def _one_by_one(self, kept: list[Kept]) -> list[tuple[Kept, bool | Exception]]:
         """The batch's record failed on a usable connection: one value of it is at fault
@@ -128,7 +121,7 @@ class Completions:
                 ids = taskstore.succeed_many([(k.claim, k.value, k.finished_at)])
             except DatabaseError as exc:
                 done.append((k, exc))
-                if not self._usable():  # lost meanwhile: the rest is given back too
+                if not connected(self.using):  # lost meanwhile: the rest is given back too
                     return done + [(rest, exc) for rest in kept[len(done):]]
             else:
                 done.append((k, k.claim.task_id in ids))

@@ -31,6 +31,20 @@ def on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs
         cursor.execute("PRAGMA synchronous = NORMAL")
 
 
+def connected(using: str, raw: Any = None) -> bool:
+    """Whether ``using``'s connection is open and answers (and, given ``raw``, is still
+    the DB-API connection ``raw``: leaving ``transaction.atomic()`` after a lost
+    connection makes Django open a new one at once). False tells an outage (a lost
+    connection, a restarted server) from a database error caused by one unit's value."""
+    connection = connections[using]
+    try:
+        return (connection.connection is not None
+                and (raw is None or connection.connection is raw)
+                and connection.is_usable())
+    except DatabaseError:
+        return False
+
+
 def answer_json_probe(using: str) -> None:
     """Tell Django whether SQLite has JSON support before it asks the database.
 

@@ -19,7 +19,7 @@ from . import conf, keys, prepared, progress, sources
 from .claims import pending, store
 from .claims.store import Claim, FailureInfo
 from .context import Context
-from .db import TransactionCheck, binds_on_client
+from .db import TransactionCheck, binds_on_client, connected
 from .exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from .logs import log_event
 from .outcomes import Finished, Unfinished
@@ -61,7 +61,7 @@ def run(c: Claim) -> Result:
         store.forget(c)
         return _result(c, GONE, started, "source row deleted", level=logging.INFO)
     except (OperationalError, InterfaceError) as exc:
-        if _connection_broken(exc, raw):
+        if not connected(conf.get().DATABASE, raw):
             raise  # the database is unreachable: the caller reconnects; the lease expires
         return _record_failure(c, exc, started)
     except BaseException as exc:
@@ -214,18 +214,6 @@ def _raw_connection() -> Any:
     connection = connections[conf.get().DATABASE]
     connection.ensure_connection()
     return connection.connection
-
-
-def _connection_broken(exc: BaseException, raw: Any) -> bool:
-    """Was the connection lost while the unit ran? Leaving ``transaction.atomic()`` after
-    a lost connection (e.g. ``pg_terminate_backend``) makes Django open a new one at once,
-    so a usable connection that is not ``raw`` means the one the unit ran on was lost."""
-    connection = connections[conf.get().DATABASE]
-    try:
-        return (connection.connection is None or connection.connection is not raw
-                or not connection.is_usable())
-    except DatabaseError:
-        return True
 
 
 def _record_failure(c: Claim, exc: BaseException, started: float) -> Result:

@@ -306,17 +306,12 @@ def _describe(exc: BaseException) -> str:
 def _database_away(exc: Exception) -> bool:
     """A database error on a connection that no longer works: an outage, not a schedule's
     fault."""
-    from django.db import DatabaseError, connections
+    from django.db import DatabaseError
 
     from . import conf
+    from .db import connected
 
-    if not isinstance(exc, DatabaseError):
-        return False
-    connection = connections[conf.get().DATABASE]
-    try:
-        return connection.connection is None or not connection.is_usable()
-    except DatabaseError:
-        return True
+    return isinstance(exc, DatabaseError) and not connected(conf.get().DATABASE)
 
 
 def enqueue_tick(schedule: Schedule, tick: datetime) -> int:

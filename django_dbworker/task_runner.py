@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError, connections
 from django.tasks import TaskContext, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
@@ -22,6 +22,7 @@ from .claims import taskstore
 from .claims.store import FailureInfo, class_path, format_traceback, recording, safe_message
 from .claims.taskstore import TaskClaim
 from .completions import Kept
+from .db import connected
 from .exceptions import InvalidTaskArguments, UnknownTask
 from .logs import log_event
 from .models import TaskStatus
@@ -67,7 +68,7 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
             value = _call(task, result, row.args, row.kwargs)
             value = _json_value(task, value)
         except (OperationalError, InterfaceError) as exc:
-            if _connection_broken():
+            if not connected(conf.get().DATABASE):
                 raise
             return _failed(task, c, exc, started)
         except BaseException as exc:
@@ -234,20 +235,12 @@ def _finished_signal(task: Any, c: TaskClaim, row: Any = None, result: Any = Non
         task_finished.send(type(task.get_backend()), task_result=result)
 
 
-def _connection_broken() -> bool:
-    connection = connections[conf.get().DATABASE]
-    try:
-        return connection.connection is None or not connection.is_usable()
-    except DatabaseError:
-        return True
-
-
 def _reset_connection() -> None:
     """After a task failed, make sure the connection is usable for recording it."""
     connection = connections[conf.get().DATABASE]
     if connection.in_atomic_block:
         return
-    if connection.connection is not None and _connection_broken():
+    if connection.connection is not None and not connected(conf.get().DATABASE):
         connection.close()
 
 

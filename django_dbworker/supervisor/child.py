@@ -18,7 +18,7 @@ from .. import conf, prepared
 from ..claims.store import safe_message
 from ..claims.taskstore import TaskClaim
 from ..completions import Completions, Kept
-from ..db import use_immediate_transactions
+from ..db import connected, use_immediate_transactions
 from ..logs import log_event
 from . import units
 from .handoff import Handoff
@@ -90,7 +90,7 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
     unit's own fault and becomes its FAILED record, here and now; if even that cannot
     be recorded, the supervisor releases it as a crash (MAX_CRASHES ends it)."""
     if isinstance(exc, DatabaseError) and (prepared.lost(exc) or units.transient(exc)
-                                           or units.connection_lost(using, raw)):
+                                           or not connected(using, raw)):
         connections[using].close()
         report.append((seq, "db_error", str(units.describe(claim)), safe_message(exc)))
         return
@@ -100,7 +100,7 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
     try:
         recorded = units.fail(claim, info)
     except Exception as again:
-        lost = isinstance(again, DatabaseError) and units.connection_lost(using)
+        lost = isinstance(again, DatabaseError) and not connected(using)
         connections[using].close()
         if lost:
             report.append((seq, "db_error", str(units.describe(claim)),

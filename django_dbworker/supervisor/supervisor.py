@@ -19,7 +19,7 @@ from django.db import DatabaseError, connections
 from .. import conf
 from ..claims import pending, store
 from ..claims.store import Claimant, FailureInfo
-from ..db import use_immediate_transactions
+from ..db import connected, use_immediate_transactions
 from ..logs import log_event, logger
 from ..registry import Worker
 from ..runner import LOST as LEASE_LOST
@@ -312,19 +312,12 @@ class Supervisor:
         A worker whose eligible queryset raises (a typo, a missing table) is skipped for a
         while and logged, so the other workers keep flowing.
         """
-        if isinstance(exc, DatabaseError) and not self._connection_usable():
+        if isinstance(exc, DatabaseError) and not connected(self.using):
             raise exc
         log_event(logging.ERROR, "claim_failed", source=name,
                   error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
                   retry_in=BROKEN_WORKER_PAUSE)
         self._broken[name] = time.monotonic() + BROKEN_WORKER_PAUSE
-
-    def _connection_usable(self) -> bool:
-        connection = connections[self.using]
-        try:
-            return connection.connection is not None and connection.is_usable()
-        except DatabaseError:
-            return False
 
     # ----- periodic work --------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from django.utils import timezone
 
 from .. import task_registry
@@ -17,6 +17,7 @@ from ..claims import taskstore
 from ..claims.store import Claimant, FailureInfo
 from ..claims.taskstore import TaskClaim
 from ..conf import Config
+from ..db import connected
 from ..logs import log_event
 from ..models import TaskStatus
 from ..scheduling import Scheduler, schedules
@@ -42,14 +43,6 @@ def retention_cutoff(retention: float | timedelta | None, now: datetime) -> date
         return now - keep
     except (OverflowError, ValueError):
         return None
-
-
-def _usable(alias: str) -> bool:
-    connection = connections[alias]
-    try:
-        return connection.connection is not None and connection.is_usable()
-    except DatabaseError:
-        return False
 
 
 class TaskWork:
@@ -146,7 +139,7 @@ class TaskWork:
         try:
             self._prune_batch()
         except Exception as exc:
-            if isinstance(exc, DatabaseError) and not _usable(self.config.DATABASE):
+            if isinstance(exc, DatabaseError) and not connected(self.config.DATABASE):
                 raise  # the supervisor's outage back-off
             now = time.monotonic()
             if now - self._prune_logged >= PRUNE_ERROR_INTERVAL:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, OperationalError, connections
+from django.db import DatabaseError, OperationalError
 
 from ..claims import store, taskstore
 from ..claims.store import Claim, Claimant, FailureInfo
@@ -53,19 +53,6 @@ def fail(c: Unit, info: FailureInfo) -> int:
             log_event(logging.WARNING, "siblings_not_marked", **describe(c),
                       error=f"{type(exc).__name__}: {store.safe_message(exc)}"[:300])
     return failed
-
-
-def connection_lost(using: str, raw: Any = None) -> bool:
-    """Is the database unreachable (a lost connection, a restarted server), rather than
-    one unit's value at fault? ``raw``: the DB-API connection the unit started on; a
-    usable connection that is another one means that one was lost."""
-    connection = connections[using]
-    try:
-        return (connection.connection is None
-                or (raw is not None and connection.connection is not raw)
-                or not connection.is_usable())
-    except DatabaseError:
-        return True
 
 
 def transient(exc: BaseException) -> bool:
