@@ -31,10 +31,7 @@ RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*([smhd])\s*$
 RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: A rate counts at most this many starts per period, over at most a year.
 MAX_RATE_COUNT = 1_000_000_000
-MAX_RATE_PERIOD = 365 * 86400.0
-#: The longest retry delay, timeout or ``run_after`` delay of a task (ten years): a datetime
-#: this far ahead still fits, ``timedelta(seconds=1e12)`` does not.
-MAX_TASK_SECONDS = 10 * 365 * 86400.0
+MAX_RATE_PERIOD = conf.MAX_SECONDS
 #: A retry delay grows at most by this factor per attempt (``delay * factor ** n`` is a float:
 #: the retry delay is capped by ``retry_max_delay``, and this keeps the power finite).
 MAX_BACKOFF_FACTOR = 1000.0
@@ -177,7 +174,7 @@ class DBWorkerBackend(BaseTaskBackend):
                 "(django.utils.timezone.now() + ...) or a timedelta."
             )
         if isinstance(run_after, timedelta) and not (
-                timedelta(0) <= run_after <= timedelta(seconds=MAX_TASK_SECONDS)):
+                timedelta(0) <= run_after <= timedelta(seconds=conf.MAX_DELAY)):
             raise InvalidTask(
                 f"{where}: run_after={run_after!r} must be a timedelta from 0 to ten years "
                 "(or an aware datetime)."
@@ -431,8 +428,8 @@ def _validate_options(where: str, task: DBWorkerTask) -> None:
                 or not math.isfinite(value):
             raise InvalidTask(f"{where}: {name}={given!r} must be a number of seconds "
                               ">= 0 (finite) or a timedelta.")
-        if value > MAX_TASK_SECONDS:
-            raise InvalidTask(f"{where}: {name}={given!r} is more than {MAX_TASK_SECONDS:g} "
+        if value > conf.MAX_DELAY:
+            raise InvalidTask(f"{where}: {name}={given!r} is more than {conf.MAX_DELAY:g} "
                               "seconds (ten years); give a shorter duration.")
 
     retries = task.retries

@@ -82,6 +82,10 @@ LOG_FORMATS = ("text", "json")
 #: grace period or busy timeout is a typo, and ``now + timedelta(seconds=...)`` of a huge one
 #: overflows a datetime.
 MAX_SECONDS = 365 * 24 * 3600.0
+#: The longest delay of anything scheduled ahead (a retry, ``Unfinished(delay=...)``, a
+#: task's ``run_after`` timedelta or timeout): ten years; ``now + timedelta(seconds=1e12)``
+#: overflows a datetime.
+MAX_DELAY = 10 * MAX_SECONDS
 #: RETENTION may be longer (100 years); ``now - RETENTION`` must stay a datetime.
 MAX_RETENTION = 100 * 365 * 24 * 3600.0
 #: SQLite takes its busy timeout in milliseconds as a C int.

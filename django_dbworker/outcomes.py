@@ -6,8 +6,7 @@ import math
 from dataclasses import dataclass
 from datetime import timedelta
 
-#: The longest ``Unfinished(delay=...)``: ten years (now + the delay must be a datetime).
-MAX_DELAY = 10 * 365 * 86400.0
+from .conf import MAX_DELAY
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,7 @@ import random
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-#: The longest retry delay (ten years, ``backend.MAX_TASK_SECONDS``).
-LONGEST = 10 * 365 * 86400.0
+from .conf import MAX_DELAY
 
 if TYPE_CHECKING:
     from .backend import DBWorkerTask
@@ -37,10 +36,10 @@ def delay(task: DBWorkerTask, attempt: int, rng: random.Random | None = None) ->
 
 
 def at(now: datetime, seconds: float) -> datetime:
-    """``now`` plus ``seconds``, capped at ``LONGEST`` seconds (and the last datetime),
+    """``now`` plus ``seconds``, capped at ``conf.MAX_DELAY`` seconds (and the last datetime),
     so no retry delay, however it was come by, overflows."""
-    if not 0 <= seconds <= LONGEST:
-        seconds = LONGEST if seconds > 0 or seconds != seconds else 0.0
+    if not 0 <= seconds <= MAX_DELAY:
+        seconds = MAX_DELAY if seconds > 0 or seconds != seconds else 0.0
     try:
         return now + timedelta(seconds=seconds)
     except OverflowError:

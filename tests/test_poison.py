@@ -12,7 +12,7 @@ import pytest
 from django.db import DataError, IntegrityError, connection
 from django.utils import timezone
 
-from django_dbworker import task_registry
+from django_dbworker import conf, task_registry
 from django_dbworker.claims import store, taskstore
 from django_dbworker.claims.store import Claimant, FailureInfo
 from django_dbworker.completions import Completions, Kept
@@ -147,9 +147,9 @@ def test_retry_at_caps_any_delay():
     from django_dbworker import retry
 
     now = timezone.now()
-    assert retry.at(now, float("inf")) == now + timedelta(seconds=retry.LONGEST)
-    assert retry.at(now, float("nan")) == now + timedelta(seconds=retry.LONGEST)
-    assert retry.at(now, 1e300) == now + timedelta(seconds=retry.LONGEST)
+    assert retry.at(now, float("inf")) == now + timedelta(seconds=conf.MAX_DELAY)
+    assert retry.at(now, float("nan")) == now + timedelta(seconds=conf.MAX_DELAY)
+    assert retry.at(now, 1e300) == now + timedelta(seconds=conf.MAX_DELAY)
 
 
 @pytest.mark.parametrize("raised", [RuntimeError("resolver is broken"),
