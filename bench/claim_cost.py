@@ -152,8 +152,8 @@ def time_alternately(timer: Any, worker_name: str, limit: int, aliases: dict[str
 
 def time_claim(worker_name: str, limit: int, alias: str) -> int:
     """Nanoseconds of one whole ``store.claim()`` call; the claim is put back afterwards."""
-    from django_dbworker.claims import store
     from django_dbworker.registry import workers
+    from django_dbworker.rows import store
 
     benchlib.use_database(alias)
     claimant = store.Claimant(pid=os.getpid())
@@ -183,8 +183,8 @@ def statement(worker_name: str, limit: int, alias: str) -> tuple[str, list[Any]]
     """The claim statement ``store.claim()`` would send now (call inside a transaction)."""
     from django.utils import timezone
 
-    from django_dbworker.claims import store
     from django_dbworker.registry import workers
+    from django_dbworker.rows import store
 
     benchlib.use_database(alias)
     now = timezone.now()

@@ -152,7 +152,7 @@ def main() -> None:
 
 
 def run(name: str, args: argparse.Namespace, server: dict[str, str]) -> dict[str, Any]:
-    from django_dbworker.claims.store import Claimant
+    from django_dbworker.rows.store import Claimant
 
     claimant = Claimant(pid=os.getpid())
     kinds = {kind: (Tasks if kind == "tasks" else Rows)(args, claimant) for kind in args.kinds}
@@ -373,17 +373,17 @@ class Tasks(Kind):
         return {"all queues": None, "queue default": ["default"]}
 
     def _claim(self, limit: int, variant: Any) -> list[Any]:
-        from django_dbworker.claims import taskstore
+        from django_dbworker.tasks import store as taskstore
 
         return taskstore.claim(variant, limit, self.claimant, LEASE)
 
     def _complete(self, c: Any) -> None:
-        from django_dbworker.claims import taskstore
+        from django_dbworker.tasks import store as taskstore
 
         taskstore.succeed(c, None)
 
     def _unclaim(self, claims: list[Any]) -> None:
-        from django_dbworker.claims import taskstore
+        from django_dbworker.tasks import store as taskstore
 
         taskstore.unclaim(claims)
 
@@ -422,18 +422,18 @@ class Rows(Kind):
         return {f"worker {WORKER}": self.worker}
 
     def _claim(self, limit: int, variant: Any) -> list[Any]:
-        from django_dbworker.claims import store
+        from django_dbworker.rows import store
 
         return store.claim(self.worker, limit, self.claimant, LEASE)
 
     def _complete(self, c: Any) -> None:
-        from django_dbworker.claims import store
         from django_dbworker.outcomes import Finished
+        from django_dbworker.rows import store
 
         store.complete(c, Finished())
 
     def _unclaim(self, claims: list[Any]) -> None:
-        from django_dbworker.claims import store
+        from django_dbworker.rows import store
 
         store.unclaim(claims)
 
@@ -448,7 +448,7 @@ def statement_only(sql: str) -> tuple[str, bool]:
     """``sql`` without the ``ASYNC_COMMIT`` prefix (or ``db.STATUS_ONLY``, its variant for
     a row's completion: the same in a transaction that wrote nothing before); whether it
     had one."""
-    from django_dbworker.db import STATUS_ONLY
+    from django_dbworker.db.connections import STATUS_ONLY
 
     for prefix in (ASYNC_COMMIT + "; ", STATUS_ONLY):
         if sql.startswith(prefix):

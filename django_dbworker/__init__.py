@@ -23,15 +23,15 @@ from .context import Context
 from .outcomes import Finished, Outcome, Unfinished
 
 if TYPE_CHECKING:
-    from .claims.taskstore import cancel
     from .models import ExecutionStatus
     from .progress import set_progress
     from .registry import worker, workers
     from .scheduling import cron
     from .status import execution_status, has_execution_status
+    from .tasks.store import cancel
 
 _LAZY = {
-    "cancel": ("claims.taskstore", "cancel"),
+    "cancel": ("tasks.store", "cancel"),
     "cron": ("scheduling", "cron"),
     "set_progress": ("progress", "set_progress"),
     "ExecutionStatus": ("models", "ExecutionStatus"),

@@ -16,8 +16,8 @@ class DBWorkerConfig(AppConfig):
             checks,  # noqa: F401 - registers the system checks
             conf,
         )
-        from .claims import pending
-        from .db import answer_json_probe, on_connection_created
+        from .db.connections import answer_json_probe, on_connection_created
+        from .rows import pending
 
         config = conf.load()  # bad settings fail at start-up, naming the key
         answer_json_probe(config.DATABASE)

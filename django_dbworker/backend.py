@@ -24,8 +24,9 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.inspect import get_func_args, is_module_level_function
 
-from . import conf, task_registry
+from . import conf
 from .exceptions import InvalidTaskArguments
+from .tasks import registry as task_registry
 
 RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*([smhd])\s*$")
 RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -201,8 +202,9 @@ class DBWorkerBackend(BaseTaskBackend):
     def enqueue_many(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
     ) -> list[TaskResult]:
-        from .claims import newtasks, taskstore
-        from .results import new_results
+        from .tasks import enqueue as newtasks
+        from .tasks import store as taskstore
+        from .tasks.results import new_results
 
         self.validate_task(task)
         calls = list(calls)
@@ -254,7 +256,7 @@ class DBWorkerBackend(BaseTaskBackend):
     # ----- results --------------------------------------------------------------------
 
     def get_result(self, result_id: str) -> TaskResult:
-        from .claims import taskstore
+        from .tasks import store as taskstore
 
         row = taskstore.get(result_id)
         if row is None:
@@ -262,7 +264,7 @@ class DBWorkerBackend(BaseTaskBackend):
         return self.result(row)
 
     def result(self, row: Any, task: Task | None = None) -> TaskResult:
-        from .results import to_result
+        from .tasks.results import to_result
 
         return to_result(row, self.alias, task)
 
@@ -353,7 +355,7 @@ def _sync_receivers(signal: Any, sender: type,
 
 def _plain_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str, Any]]:
     """The call's arguments JSON-ready (``normalize_json``), or an error naming the call."""
-    from .claims.newtasks import plain
+    from .tasks.enqueue import plain
 
     try:
         args, kwargs = call
@@ -370,9 +372,9 @@ def _plain_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str,
 
 def _rows(task: Task, shared: Any, ids: list[str], calls: list[Any],
           offset: int) -> list[Any]:
-    """``newtasks.build`` of the calls, or the error naming the first bad one (its index in
+    """``tasks.enqueue.build`` of the calls, or the error naming the first bad one (its index in
     the whole enqueue call: ``calls`` start at ``offset``)."""
-    from .claims import newtasks
+    from .tasks import enqueue as newtasks
 
     try:
         return newtasks.build(shared, ids, calls)
@@ -383,9 +385,9 @@ def _rows(task: Task, shared: Any, ids: list[str], calls: list[Any],
 
 
 def _encode(task: Task, rows: list[Any], offset: int) -> str:
-    """The rows as one JSON text (``newtasks.encode``), or the error naming the bad call
+    """The rows as one JSON text (``tasks.enqueue.encode``), or the error naming the bad call
     (``rows`` are the calls from ``offset`` on)."""
-    from .claims import newtasks
+    from .tasks import enqueue as newtasks
 
     try:
         payload = newtasks.encode(rows)

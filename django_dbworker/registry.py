@@ -78,7 +78,7 @@ class Worker:
 
     def reset_failed(self, pk: Any) -> bool:
         """Put a FAILED execution back to UNFINISHED; True if one was reset."""
-        from .claims import store
+        from .rows import store
 
         return store.reset_failed(self, pk)
 
@@ -222,7 +222,7 @@ def key_too_long(source: type[models.Model]) -> str | None:
     a max_length, could be saved by the user and then fail every insert of its pending
     execution (PostgreSQL: ``value too long for type character varying(255)``).
     """
-    from .keys import pk_field
+    from .rows.keys import pk_field
 
     field = pk_field(source)
     if not isinstance(field, models.CharField | models.TextField):

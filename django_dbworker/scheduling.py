@@ -122,7 +122,7 @@ def validate(schedule: Schedule) -> None:
 def _check_arguments(where: str, args: Any, kwargs: Any) -> None:
     """A schedule's args and kwargs must be what ``enqueue()`` would store."""
     from . import conf
-    from .claims.newtasks import has_nul, plain
+    from .tasks.enqueue import has_nul, plain
 
     if not isinstance(args, list | tuple):
         raise ImproperlyConfigured(f"{where}: args={args!r} must be a list.")
@@ -309,7 +309,7 @@ def _database_away(exc: Exception) -> bool:
     from django.db import DatabaseError
 
     from . import conf
-    from .db import connected
+    from .db.connections import connected
 
     return isinstance(exc, DatabaseError) and not connected(conf.get().DATABASE)
 
@@ -317,10 +317,10 @@ def _database_away(exc: Exception) -> bool:
 def enqueue_tick(schedule: Schedule, tick: datetime) -> int:
     """Enqueue one tick once; 1 if this call created it, 0 if it existed already. Raises
     UnknownTask when the schedule's task is not a registered DBWorkerBackend task."""
-    from . import task_registry
     from .backend import DBWorkerTask
-    from .claims import taskstore
     from .exceptions import UnknownTask
+    from .tasks import registry as task_registry
+    from .tasks import store as taskstore
 
     task = task_registry.resolve(schedule.task_path)
     if not isinstance(task, DBWorkerTask):

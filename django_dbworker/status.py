@@ -7,9 +7,10 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef
 
-from . import conf, keys
+from . import conf
 from .models import Execution, ExecutionStatus, State
 from .registry import Worker, workers
+from .rows import keys
 
 
 def _worker(worker: str | Worker) -> Worker:

@@ -8,13 +8,14 @@ from collections.abc import Iterable
 from django.db import DatabaseError
 
 from . import conf, progress
-from .claims import pending, store, taskstore
-from .claims.store import Claimant
-from .claims.taskstore import TaskClaim
 from .registry import Worker, workers
-from .runner import run
+from .rows import pending, store
+from .rows.runner import run
+from .rows.store import Claimant
 from .supervisor import units
-from .task_runner import run_task
+from .tasks import store as taskstore
+from .tasks.runner import run_task
+from .tasks.store import TaskClaim
 
 
 def run_until_idle(

@@ -13,12 +13,13 @@ import pytest
 from django.db import transaction
 
 import django_dbworker
-from django_dbworker import completions
-from django_dbworker.claims import store, taskstore
-from django_dbworker.completions import Completions, Kept
 from django_dbworker.models import TaskRecord, TaskStatus
+from django_dbworker.rows import store
 from django_dbworker.supervisor.handoff import Handoff
 from django_dbworker.supervisor.prefetch import Prefetch
+from django_dbworker.tasks import completions
+from django_dbworker.tasks import store as taskstore
+from django_dbworker.tasks.completions import Completions, Kept
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Effect

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 from django.utils import timezone
 
-from django_dbworker.claims.store import Claim
-from django_dbworker.claims.taskstore import TaskClaim
 from django_dbworker.models import Execution, State
 from django_dbworker.registry import workers
+from django_dbworker.rows.store import Claim
 from django_dbworker.supervisor.caps import Caps
+from django_dbworker.tasks.store import TaskClaim
 from tests.testapp.models import Effect, Item
 
 

@@ -27,8 +27,8 @@ from django.db.models import Count
 from django.utils import timezone
 
 from django_dbworker import conf, workers
-from django_dbworker.claims.pending import Sweeper
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
+from django_dbworker.rows.pending import Sweeper
 from tests.testapp import tasks
 from tests.testapp.models import Effect, Item
 

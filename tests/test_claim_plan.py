@@ -24,9 +24,9 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_dbworker.claims import pending, store
 from django_dbworker.models import Execution, State
 from django_dbworker.registry import workers
+from django_dbworker.rows import pending, store
 from tests.testapp.models import Item
 
 INDEX = "dbworker_execution_claimable"

@@ -25,12 +25,12 @@ from django_dbworker import Finished, Unfinished, cron, worker, workers
 from django_dbworker import conf as dbconf
 from django_dbworker.backend import DBWorkerBackend
 from django_dbworker.checks import check_schedules, check_settings, check_workers
-from django_dbworker.claims import newtasks
 from django_dbworker.exceptions import InvalidTaskArguments, InvalidWorker
 from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.registry import Worker
 from django_dbworker.scheduling import Schedule, Scheduler, schedules
 from django_dbworker.supervisor.taskwork import retention_cutoff
+from django_dbworker.tasks import enqueue as newtasks
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Document, Item, Tag
@@ -455,7 +455,7 @@ def test_arguments_larger_than_arguments_max_bytes_are_refused(settings, monkeyp
 
 
 def _taskwork(retention):
-    from django_dbworker.claims.store import Claimant
+    from django_dbworker.rows.store import Claimant
     from django_dbworker.supervisor.taskwork import TaskWork
 
     config = replace(dbconf.get(), RETENTION=retention)
@@ -477,7 +477,7 @@ def test_prune_with_the_longest_retentions_deletes_nothing_and_never_overflows()
 
 @pytest.mark.django_db(transaction=True)
 def test_a_failing_prune_is_logged_once_per_interval(monkeypatch, caplog):
-    from django_dbworker.claims import taskstore
+    from django_dbworker.tasks import store as taskstore
 
     def broken(cutoff, batch):
         raise RuntimeError("decl prune broke")

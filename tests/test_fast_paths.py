@@ -12,13 +12,13 @@ from django.tasks import default_task_backend
 from django.tasks.signals import task_finished
 from django.utils import timezone
 
-from django_dbworker import compiled, sources
-from django_dbworker.claims import store, taskstore
-from django_dbworker.db import TransactionCheck
+from django_dbworker.db.connections import TransactionCheck, compiled, sources
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
 from django_dbworker.registry import workers
+from django_dbworker.rows import store
 from django_dbworker.supervisor.prefetch import Prefetch
+from django_dbworker.tasks import store as taskstore
 from django_dbworker.testing import run_until_idle
 from tests.testapp import tasks
 from tests.testapp.models import Document, Effect, Item
@@ -210,7 +210,7 @@ def test_enqueue_many_stores_what_enqueue_stores():
 
 
 def test_enqueue_many_of_thousands_in_a_statement_per_batch(django_assert_max_num_queries):
-    from django_dbworker.claims import newtasks
+    from django_dbworker.tasks import enqueue as newtasks
 
     batches = 3
     count = newtasks.BATCH * (batches - 1) + 1
@@ -223,7 +223,7 @@ def test_enqueue_many_of_thousands_in_a_statement_per_batch(django_assert_max_nu
 
 
 def test_task_claims_bring_the_row_as_get_reads_it():
-    from django_dbworker.claims.store import Claimant
+    from django_dbworker.rows.store import Claimant
 
     tasks.add.using(priority=3).enqueue_many([((i,), {"b": [i, {"x": None}]}) for i in range(3)])
     claims = taskstore.claim(None, 3, Claimant(), 30)
@@ -266,7 +266,7 @@ def test_plain_normalises_like_django():
 
     from django.utils.json import normalize_json
 
-    from django_dbworker.claims.newtasks import plain
+    from django_dbworker.tasks.enqueue import plain
 
     values = [
         1, 1.5, True, None, "x", (1, (2, 3)), [1, [2, {"a": (3,)}]], {"k": [1, 2]},
@@ -284,7 +284,7 @@ def test_plain_normalises_like_django():
 
 
 def test_new_ids_are_distinct_version_4_uuids():
-    from django_dbworker.claims import newtasks
+    from django_dbworker.tasks import enqueue as newtasks
 
     shared = newtasks.Shared.of(tasks.add)
     ids = newtasks.ids(shared, 5000)
@@ -297,7 +297,7 @@ def test_new_ids_are_distinct_version_4_uuids():
 
 
 def test_enqueue_many_results_are_separate_objects_like_get_result():
-    from django_dbworker.results import DBWorkerTaskResult
+    from django_dbworker.tasks.results import DBWorkerTaskResult
 
     results = tasks.add.enqueue_many([((i,), {"b": i}) for i in range(3)] + [((), {})])
     assert all(type(r) is DBWorkerTaskResult for r in results)
@@ -394,7 +394,7 @@ def test_sqlite_claim_names_its_index_even_when_statistics_say_scan(vendor):
         pytest.skip("SQLite's planner only")
     Item.objects.bulk_create(Item() for _ in range(2000))
     workers_touch = workers["touch"]
-    from django_dbworker.claims import pending
+    from django_dbworker.rows import pending
 
     pending.Sweeper(workers_touch, 5000).sweep_all()  # every unit waiting
     with connection.cursor() as cursor:

@@ -12,12 +12,14 @@ import pytest
 from django.db import DataError, IntegrityError, connection
 from django.utils import timezone
 
-from django_dbworker import conf, task_registry
-from django_dbworker.claims import store, taskstore
-from django_dbworker.claims.store import Claimant, FailureInfo
-from django_dbworker.completions import Completions, Kept
+from django_dbworker import conf
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
+from django_dbworker.rows import store
+from django_dbworker.rows.store import Claimant, FailureInfo
 from django_dbworker.supervisor import child, units
+from django_dbworker.tasks import registry as task_registry
+from django_dbworker.tasks import store as taskstore
+from django_dbworker.tasks.completions import Completions, Kept
 from django_dbworker.testing import run_until_idle
 from tests.testapp import tasks
 from tests.testapp.models import Effect, Item
@@ -144,7 +146,7 @@ def test_an_overflowing_retry_delay_is_capped_at_retry_max_delay():
 
 
 def test_retry_at_caps_any_delay():
-    from django_dbworker import retry
+    from django_dbworker.tasks import retry
 
     now = timezone.now()
     assert retry.at(now, float("inf")) == now + timedelta(seconds=conf.MAX_DELAY)
@@ -359,7 +361,7 @@ def test_a_row_failed_by_the_child_makes_it_pending_for_its_sibling_workers(monk
     other workers over its model at once (one waiting on FAILED need not wait for a
     sweep), even for a row written without save()."""
     from django_dbworker import workers
-    from django_dbworker.claims import pending
+    from django_dbworker.rows import pending
 
     (item,) = Item.objects.bulk_create([Item(kind="poison", action="nul_raise")])
     pending.add(workers["poison_rows"], [item.pk], "default")

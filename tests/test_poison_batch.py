@@ -29,7 +29,7 @@ POISON = {
     "tampered_path": ("django_dbworker.exceptions.UnknownTask",
                       "tests.testapp.batch_sideeffect.boom"),
     # A stored field the task cannot be read back with: refused naming the field, not run.
-    "tampered_errors": ("django_dbworker.results.InvalidTaskRow", "errors"),
+    "tampered_errors": ("django_dbworker.tasks.results.InvalidTaskRow", "errors"),
 }
 INNOCENT = 40
 

@@ -12,11 +12,12 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_dbworker import ExecutionStatus, sources, workers
-from django_dbworker.claims import store
-from django_dbworker.claims.store import Claimant
+from django_dbworker import ExecutionStatus, workers
+from django_dbworker.db.connections import sources
 from django_dbworker.models import Execution, State
-from django_dbworker.runner import run
+from django_dbworker.rows import store
+from django_dbworker.rows.runner import run
+from django_dbworker.rows.store import Claimant
 from tests.conftest import queries_sent
 from tests.testapp.models import Effect, Item, Solo
 

@@ -10,7 +10,8 @@ import time
 import pytest
 from django.db import OperationalError, connection, transaction
 
-from django_dbworker import conf, db
+from django_dbworker import conf
+from django_dbworker.db.connections import connections as db
 from tests.testapp.models import Item
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -104,8 +104,8 @@ def test_uuid_primary_keys():
 def test_char_primary_keys_claimed_in_eligible_order():
     for code in ["b", "c", "a"]:
         Tag.objects.create(code=code)
-    from django_dbworker.claims import store
-    from django_dbworker.claims.store import Claimant
+    from django_dbworker.rows import store
+    from django_dbworker.rows.store import Claimant
 
     claims = store.claim(workers["tag"], 3, Claimant(), lease=30)
     assert sorted(c.source_key for c in claims) == ["a", "b", "c"]
@@ -115,8 +115,8 @@ def test_char_primary_keys_claimed_in_eligible_order():
 
 
 def test_claim_order_follows_eligible_ordering():
-    from django_dbworker.claims import store
-    from django_dbworker.claims.store import Claimant
+    from django_dbworker.rows import store
+    from django_dbworker.rows.store import Claimant
 
     ranks = [5, 1, 9, 3]
     items = [Item.objects.create(kind="ranked", rank=r) for r in ranks]
@@ -135,8 +135,8 @@ def test_claim_order_follows_eligible_ordering():
 
 
 def test_pk_order_by_default_and_batches():
-    from django_dbworker.claims import store
-    from django_dbworker.claims.store import Claimant
+    from django_dbworker.rows import store
+    from django_dbworker.rows.store import Claimant
 
     items = [Item.objects.create() for _ in range(5)]
     first = store.claim(workers["touch"], 3, Claimant(), lease=30)
@@ -165,8 +165,8 @@ def test_rows_written_without_save_are_found_by_the_sweep():
 def test_orphaned_executions_are_removed_by_the_sweep():
     from django.db import connection
 
-    from django_dbworker.claims.pending import Sweeper
     from django_dbworker.models import Execution
+    from django_dbworker.rows.pending import Sweeper
 
     items = [Item.objects.create() for _ in range(3)]
     run_until_idle(["touch"])
@@ -190,15 +190,15 @@ def test_deleting_a_source_row_is_never_blocked():
 def test_dependent_worker_sees_rows_written_without_save_at_once():
     Item.objects.bulk_create([Item() for _ in range(4)])
     assert run_until_idle(["touch", "after_touch"]) == {"finished": 8}
-    from django_dbworker.claims import pending, store
-    from django_dbworker.claims.store import Claimant
+    from django_dbworker.rows import pending, store
+    from django_dbworker.rows.store import Claimant
 
     # and without any sweep: touch's completion makes the row pending for after_touch
     Item.objects.bulk_create([Item()])
     new = Item.objects.order_by("-pk").first()
     pending.Sweeper(workers["touch"], 100).sweep_all()
     (c,) = store.claim(workers["touch"], 1, Claimant(), lease=30)
-    from django_dbworker.runner import run
+    from django_dbworker.rows.runner import run
 
     run(c)
     (after,) = store.claim(workers["after_touch"], 1, Claimant(), lease=30)

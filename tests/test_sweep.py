@@ -8,11 +8,11 @@ import uuid
 import pytest
 from django.db import connection
 
-from django_dbworker import keys, workers
-from django_dbworker.claims import store
-from django_dbworker.claims.pending import Sweeper
-from django_dbworker.claims.store import Claimant
+from django_dbworker import workers
 from django_dbworker.models import Execution, State
+from django_dbworker.rows import keys, store
+from django_dbworker.rows.pending import Sweeper
+from django_dbworker.rows.store import Claimant
 from tests.testapp.models import Document, Item, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,7 +108,7 @@ def test_a_sweep_that_finds_nothing_never_waits_for_sqlites_write_lock(vendor, s
         pytest.skip("SQLite's write lock")
     import sqlite3
 
-    from django_dbworker import db
+    from django_dbworker.db.connections import connections as db
 
     Item.objects.bulk_create([Item() for _ in range(7)])
     Sweeper(workers["touch"], batch=3).sweep_all()

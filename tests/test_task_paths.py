@@ -9,9 +9,9 @@ import sys
 import pytest
 from django.tasks import default_task_backend
 
-from django_dbworker import task_registry
 from django_dbworker.exceptions import UnknownTask
 from django_dbworker.models import TaskRecord, TaskStatus
+from django_dbworker.tasks import registry as task_registry
 from django_dbworker.testing import run_until_idle
 from tests.conftest import ROOT
 from tests.testapp import tasks

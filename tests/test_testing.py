@@ -35,8 +35,8 @@ class RunUntilIdleInTestCase(TestCase):
         start) fails that unit, as a runworkers child records it, and the rest run."""
         from unittest import mock
 
-        from django_dbworker import runner
         from django_dbworker.models import Execution, Failure
+        from django_dbworker.rows import runner
 
         first, second = Item.objects.create(), Item.objects.create()
         doomed = Execution.objects.get(worker="touch", source_id=str(first.pk)).pk

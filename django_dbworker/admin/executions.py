@@ -15,10 +15,9 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .. import keys
-from ..claims import store
 from ..models import Execution, Failure, State
 from ..registry import workers
+from ..rows import keys, store
 from . import display
 from .actions import Change, GuardedActions
 from .base import QueueTableAdmin

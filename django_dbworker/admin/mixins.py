@@ -22,10 +22,9 @@ from django.contrib.admin import ActionLocation
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 
-from .. import keys
-from ..claims import store
 from ..models import Execution, ExecutionStatus, State
 from ..registry import Worker, workers
+from ..rows import keys, store
 from ..status import has_execution_status
 from . import display
 from .actions import Change, GuardedActions

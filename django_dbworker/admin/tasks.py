@@ -12,8 +12,8 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..claims import taskstore
 from ..models import TaskRecord, TaskStatus
+from ..tasks import store as taskstore
 from . import display
 from .actions import Change, GuardedActions
 from .base import QueueTableAdmin

@@ -13,10 +13,11 @@ from typing import Any
 
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, OuterRef, Q
 
-from .. import conf, keys
-from ..claims.queries import Probe, in_states
+from .. import conf
 from ..models import CLAIMABLE, TASK_CLAIMABLE, Execution, State, TaskRecord, TaskStatus
 from ..registry import workers
+from ..rows import keys
+from ..rows.queries import Probe, in_states
 
 #: Minutes of throughput history, one bucket a minute, oldest first.
 MINUTES = 15

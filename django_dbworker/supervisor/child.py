@@ -14,12 +14,13 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .. import conf, prepared
-from ..claims.store import safe_message
-from ..claims.taskstore import TaskClaim
-from ..completions import Completions, Kept
-from ..db import connected, use_immediate_transactions
+from .. import conf
+from ..db import prepared
+from ..db.connections import connected, use_immediate_transactions
 from ..logs import log_event
+from ..rows.store import safe_message
+from ..tasks.completions import Completions, Kept
+from ..tasks.store import TaskClaim
 from . import units
 from .handoff import Handoff
 
@@ -108,7 +109,7 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
         else:
             report.append((seq, "unrecordable", info, safe_message(again)))
         return
-    from ..runner import Result
+    from ..rows.runner import Result
 
     outcome = "failed" if recorded else "lease_lost"
     report.append((seq, "result", Result(
@@ -150,7 +151,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
             try:
                 report.append((kept.tag, "result", kept.after(outcome)))
             except Exception as exc:  # what follows a record (a signal's receiver)
-                from ..runner import Result
+                from ..rows.runner import Result
 
                 log_event(logging.ERROR, "after_record_failed", **units.describe(kept.claim),
                           error=f"{type(exc).__name__}: {safe_message(exc)}"[:1000])

@@ -14,8 +14,8 @@ from typing import Any
 from django.utils import timezone
 
 from .. import conf
-from ..claims.store import Claimant
 from ..models import Supervisor
+from ..rows.store import Claimant
 from . import units
 
 #: Rows of supervisors gone longer than this are deleted when another one starts.

@@ -17,12 +17,12 @@ from typing import TextIO
 from django.db import DatabaseError, connections
 
 from .. import conf
-from ..claims import pending, store
-from ..claims.store import Claimant, FailureInfo
-from ..db import connected, use_immediate_transactions
+from ..db.connections import connected, use_immediate_transactions
 from ..logs import log_event, logger
 from ..registry import Worker
-from ..runner import LOST as LEASE_LOST
+from ..rows import pending, store
+from ..rows.runner import LOST as LEASE_LOST
+from ..rows.store import Claimant, FailureInfo
 from . import pool, units
 from .caps import Caps
 from .heartbeat import Heartbeat

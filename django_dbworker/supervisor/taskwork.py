@@ -12,15 +12,15 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError
 from django.utils import timezone
 
-from .. import task_registry
-from ..claims import taskstore
-from ..claims.store import Claimant, FailureInfo
-from ..claims.taskstore import TaskClaim
 from ..conf import Config
-from ..db import connected
+from ..db.connections import connected
 from ..logs import log_event
 from ..models import TaskStatus
+from ..rows.store import Claimant, FailureInfo
 from ..scheduling import Scheduler, schedules
+from ..tasks import registry as task_registry
+from ..tasks import store as taskstore
+from ..tasks.store import TaskClaim
 from .pool import Child
 from .prefetch import Prefetch
 
@@ -114,7 +114,7 @@ class TaskWork:
 
     def _stop(self, ch: Child, c: TaskClaim, stop: Callable[[Child, TaskClaim], bool],
               status: TaskStatus, info: FailureInfo) -> None:
-        from ..task_runner import record_stopped
+        from ..tasks.runner import record_stopped
 
         if not stop(ch, c):  # killed and forgotten before its unit is recorded
             return  # it finished meanwhile
@@ -125,7 +125,7 @@ class TaskWork:
 
     def _cancel_waiting(self, c: TaskClaim) -> None:
         """A task claimed ahead was cancelled before a child started it."""
-        from ..task_runner import record_stopped
+        from ..tasks.runner import record_stopped
 
         record_stopped(c.task_path, c, FailureInfo(CANCELLED, "the task was cancelled before "
                        "it ran"), status=TaskStatus.CANCELLED)

@@ -14,11 +14,12 @@ from typing import Any
 
 from django.db import DatabaseError, OperationalError
 
-from ..claims import store, taskstore
-from ..claims.store import Claim, Claimant, FailureInfo
-from ..claims.taskstore import TaskClaim
-from ..completions import Kept
 from ..logs import log_event, logger
+from ..rows import store
+from ..rows.store import Claim, Claimant, FailureInfo
+from ..tasks import store as taskstore
+from ..tasks.completions import Kept
+from ..tasks.store import TaskClaim
 
 type Unit = Claim | TaskClaim
 
@@ -29,10 +30,10 @@ def run(c: Unit, keep: Callable[[Kept], None] | None = None) -> Any:
     if logger.isEnabledFor(logging.DEBUG):
         log_event(logging.DEBUG, "started", **describe(c), pid=os.getpid())
     if isinstance(c, TaskClaim):
-        from ..task_runner import run_task
+        from ..tasks.runner import run_task
 
         return run_task(c, keep)
-    from ..runner import run as run_execution
+    from ..rows.runner import run as run_execution
 
     return run_execution(c)
 
@@ -44,8 +45,8 @@ def fail(c: Unit, info: FailureInfo) -> int:
     failed = store.fail(c, info)
     if failed:  # as the runner's own failure record does; else the next sweep finds them
         from .. import conf
-        from ..claims import pending
         from ..registry import workers
+        from ..rows import pending
 
         try:
             pending.add_siblings(workers[c.worker], c.source_key, conf.get().DATABASE)

@@ -9,8 +9,8 @@ from typing import Any
 
 from django.db import connections
 
+from ..db.notify import CHANNEL, enabled
 from ..logs import log_event
-from ..notify import CHANNEL, enabled
 
 #: Seconds before LISTEN is tried again after it failed: doubling from the first to the last.
 RETRY = (1.0, 30.0)

@@ -1,5 +1,5 @@
 """``manage.py dbworker``: look at and fix background work. Parses options only; the work is
-in ``django_dbworker.operations``. ``--json`` prints one document (docs/cli.md)."""
+in ``django_dbworker.cli``. ``--json`` prints one document (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import autodiscover_modules
 
-from django_dbworker.operations import OperationError, changes, render, reports
+from django_dbworker.cli import OperationError, changes, render, reports
 
 SCHEMA_VERSION = 1
 #: The largest --limit (a database LIMIT must fit its integer).

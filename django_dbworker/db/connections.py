@@ -13,7 +13,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField
 from django.db.models.expressions import RawSQL
 
-from . import conf, direct, prepared
+from .. import conf
+from . import direct, prepared
 
 _UNSET: Any = object()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import connections
 
-from . import conf
+from .. import conf
 
 CHANNEL = "dbworker"
 

@@ -19,9 +19,9 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import connections, models
 
+from ..rows.keys import pk_field
 from . import direct
-from .db import execute_first, execute_prepared
-from .keys import pk_field
+from .connections import execute_first, execute_prepared
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,18 +16,20 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
-from . import conf, progress, retry, task_registry
-from .backend import DBWorkerTask
-from .claims import taskstore
-from .claims.store import FailureInfo, class_path, format_traceback, recording, safe_message
-from .claims.taskstore import TaskClaim
+from .. import conf, progress
+from ..backend import DBWorkerTask
+from ..db.connections import connected
+from ..exceptions import InvalidTaskArguments, UnknownTask
+from ..logs import log_event
+from ..models import TaskStatus
+from ..rows.runner import Result
+from ..rows.store import FailureInfo, class_path, format_traceback, recording, safe_message
+from . import registry as task_registry
+from . import retry
+from . import store as taskstore
 from .completions import Kept
-from .db import connected
-from .exceptions import InvalidTaskArguments, UnknownTask
-from .logs import log_event
-from .models import TaskStatus
 from .results import to_result
-from .runner import Result
+from .store import TaskClaim
 
 logger = logging.getLogger("django_dbworker")
 

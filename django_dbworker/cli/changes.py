@@ -2,7 +2,7 @@
 
 Each first builds a ``Plan`` (what would change, read without changing anything), which the
 command shows and asks about, then applies it through the guarded functions of
-``claims.store`` and ``claims.taskstore``.
+``rows.store`` and ``tasks.store``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .. import conf
-from ..claims import store, taskstore
 from ..conf import MAX_RETENTION
 from ..models import TASK_FINISHED, Supervisor, TaskRecord, TaskStatus
 from ..registry import workers
+from ..rows import store
+from ..tasks import store as taskstore
 from . import OperationError, units
 from .reports import check_names
 

@@ -35,11 +35,13 @@ from django.db import DatabaseError, DataError, connections, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from .. import compiled, conf, direct, keys
-from ..db import execute_completion, execute_status, status_only
+from .. import conf
+from ..db import compiled, direct
+from ..db.connections import execute_completion, execute_status, status_only
 from ..models import CLAIMABLE, Execution, Failure, State
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
+from . import keys
 from .queries import candidates, in_states
 
 #: The partial index the claim reads (``Execution.Meta.indexes``).

@@ -25,9 +25,9 @@ from typing import Any
 
 from django.db.models import Exists, F, OrderBy, OuterRef, Q, QuerySet, Subquery, Value
 
-from .. import keys
 from ..models import CLAIMABLE, Execution
 from ..registry import Worker
+from . import keys
 
 
 class StateConstant(Value):

@@ -32,12 +32,13 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, F, Func, JSONField, When
 from django.utils import timezone
 
-from .. import compiled, conf, notify, sources
-from ..db import execute_status, pipelined
+from .. import conf
+from ..db import compiled, notify, sources
+from ..db.connections import execute_status, pipelined
 from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
-from . import newtasks
-from .queries import in_states
-from .store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
+from ..rows.queries import in_states
+from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
+from . import enqueue as newtasks
 
 KEY_NAMESPACE = newtasks.KEY_NAMESPACE
 
@@ -94,7 +95,7 @@ def _prep(name: str, value: Any, using: str) -> Any:
 def insert(rows: list[newtasks.NewTask], *, idempotency_key: str | None,
            payload: str | None = None) -> list[newtasks.NewTask | TaskRecord]:
     """Store new task rows in one statement; with a key, return the row holding it.
-    ``payload``: ``newtasks.encode(rows)`` if the caller has it."""
+    ``payload``: ``tasks.enqueue.encode(rows)`` if the caller has it."""
     if idempotency_key is None:
         insert_batches([(rows, payload)])
         return list(rows)
@@ -111,7 +112,7 @@ def insert(rows: list[newtasks.NewTask], *, idempotency_key: str | None,
 
 def insert_batches(batches: Iterable[tuple[list[newtasks.NewTask], str | None]]) -> None:
     """Store new task rows without an idempotency key, a statement per batch of
-    ``(rows, payload)`` (``newtasks.encode(rows)``, or None: made here if needed), all in
+    ``(rows, payload)`` (``tasks.enqueue.encode(rows)``, or None: made here if needed), all in
     one transaction.
 
     On PostgreSQL the statements are pipelined (``db.pipelined``): each batch is sent as
@@ -363,7 +364,7 @@ def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> i
         if crashed is None:
             return qs.update(status=TaskStatus.READY, **back)
         if qs.filter(crashes__gte=max_crashes - 1).exists():
-            from .store import _too_many
+            from ..rows.store import _too_many
 
             return fail_attempt(c, _too_many(crashed, max_crashes), retry_at=None)
         row = qs.select_for_update().values("errors").first()
@@ -512,7 +513,7 @@ def claim_limited(
     back at once, so a limited task of high priority is not starved by unlimited ones.
     Buckets pay only for the tasks kept.
     """
-    from .. import ratelimit
+    from . import ratelimit
 
     if room <= 0:
         return []

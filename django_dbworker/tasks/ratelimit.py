@@ -14,9 +14,9 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from . import conf
-from .backend import parse_rate
-from .models import RateBucket
+from .. import conf
+from ..backend import parse_rate
+from ..models import RateBucket
 
 
 @dataclass

@@ -37,7 +37,7 @@ from weakref import WeakKeyDictionary
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import conf
+from .. import conf
 
 logger = logging.getLogger("django_dbworker")
 
@@ -75,7 +75,7 @@ def enabled(connection: BaseDatabaseWrapper) -> bool:
     """Whether statements are prepared on ``connection`` (open)."""
     if not _active or _off or connection.vendor != "postgresql":
         return False
-    from .db import binds_on_client
+    from .connections import binds_on_client
 
     return conf.get().PREPARED_STATEMENTS and binds_on_client(connection)
 

@@ -6,10 +6,10 @@ import random
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from .conf import MAX_DELAY
+from ..conf import MAX_DELAY
 
 if TYPE_CHECKING:
-    from .backend import DBWorkerTask
+    from ..backend import DBWorkerTask
 
 
 def should_retry(task: DBWorkerTask, attempt: int, exc: BaseException) -> bool:

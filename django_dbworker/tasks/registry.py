@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .exceptions import UnknownTask
+from ..exceptions import UnknownTask
 
 if TYPE_CHECKING:
-    from .backend import DBWorkerTask
+    from ..backend import DBWorkerTask
 
 _tasks: dict[str, DBWorkerTask] = {}
 

@@ -7,9 +7,10 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
-from .. import conf, keys
+from .. import conf
 from ..models import Execution, TaskRecord
 from ..registry import Worker
+from ..rows import keys
 from . import OperationError
 
 

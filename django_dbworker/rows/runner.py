@@ -1,7 +1,7 @@
 """Run one claimed unit in this process, then record what happened.
 
 Running (calling the handler) and recording (the guarded state change) are separate: the
-handler's return value or exception is turned into a ``Result``, and only ``claims.store``
+handler's return value or exception is turned into a ``Result``, and only ``rows.store``
 writes the execution.
 """
 
@@ -15,15 +15,16 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from . import conf, keys, prepared, progress, sources
-from .claims import pending, store
-from .claims.store import Claim, FailureInfo
-from .context import Context
-from .db import TransactionCheck, binds_on_client, connected
-from .exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
-from .logs import log_event
-from .outcomes import Finished, Unfinished
-from .registry import Worker, workers
+from .. import conf, progress
+from ..context import Context
+from ..db import prepared, sources
+from ..db.connections import TransactionCheck, binds_on_client, connected
+from ..exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
+from ..logs import log_event
+from ..outcomes import Finished, Unfinished
+from ..registry import Worker, workers
+from . import keys, pending, store
+from .store import Claim, FailureInfo
 
 logger = logging.getLogger("django_dbworker")
 

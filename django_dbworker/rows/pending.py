@@ -17,9 +17,11 @@ from django.db import models
 from django.db.models import OuterRef
 from django.utils import timezone
 
-from .. import conf, keys, notify
+from .. import conf
+from ..db import notify
 from ..models import Execution, State
 from ..registry import Worker, workers
+from . import keys
 from .queries import Probe
 
 

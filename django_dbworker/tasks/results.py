@@ -10,9 +10,9 @@ from typing import Any
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
 
-from . import task_registry
-from .exceptions import DBWorkerError, UnknownTask
-from .models import TaskRecord, TaskStatus
+from ..exceptions import DBWorkerError, UnknownTask
+from ..models import TaskRecord, TaskStatus
+from . import registry as task_registry
 
 DJANGO_STATUS = {
     TaskStatus.READY: TaskResultStatus.READY,
@@ -151,7 +151,7 @@ def _setter(name: str) -> Any:
 
 
 def new_results(rows: list[Any], alias: str, task: Task) -> list[DBWorkerTaskResult]:
-    """Results for the new rows of one enqueue call (``newtasks.NewTask``, arguments already
+    """Results for the new rows of one enqueue call (``tasks.enqueue.NewTask``, arguments already
     normalised): the first built by ``to_result``, the others copies of it with their own
     id, arguments and empty lists, as building each costs more than storing it."""
     first = to_result(rows[0], alias, task)

@@ -25,9 +25,9 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .claims import taskstore
-from .claims.taskstore import TaskClaim
-from .db import connected, use_immediate_transactions
+from ..db.connections import connected, use_immediate_transactions
+from . import store as taskstore
+from .store import TaskClaim
 
 #: Seconds one task may run before the tasks that finished before it are recorded.
 PATIENCE = 0.005
