@@ -12,8 +12,8 @@ from django.db.backends.utils import CursorWrapper
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
-from django_dbworker.db.connections import connections as db
-from django_dbworker.db.connections import direct, sources
+from django_dbworker.db import connections as db
+from django_dbworker.db import direct, sources
 from django_dbworker.models import Execution, State
 from django_dbworker.registry import workers
 from django_dbworker.rows import runner, store

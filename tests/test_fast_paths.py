@@ -12,7 +12,8 @@ from django.tasks import default_task_backend
 from django.tasks.signals import task_finished
 from django.utils import timezone
 
-from django_dbworker.db.connections import TransactionCheck, compiled, sources
+from django_dbworker.db import compiled, sources
+from django_dbworker.db.connections import TransactionCheck
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
 from django_dbworker.registry import workers

@@ -12,7 +12,7 @@ import pytest
 from django.db import DatabaseError, connection
 
 from django_dbworker import ExecutionStatus, workers
-from django_dbworker.db.connections import prepared
+from django_dbworker.db import prepared
 from django_dbworker.models import Execution, State
 from django_dbworker.rows import store
 from django_dbworker.rows.runner import run

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_dbworker import ExecutionStatus, workers
-from django_dbworker.db.connections import sources
+from django_dbworker.db import sources
 from django_dbworker.models import Execution, State
 from django_dbworker.rows import store
 from django_dbworker.rows.runner import run

@@ -11,7 +11,7 @@ import pytest
 from django.db import OperationalError, connection, transaction
 
 from django_dbworker import conf
-from django_dbworker.db.connections import connections as db
+from django_dbworker.db import connections as db
 from tests.testapp.models import Item
 
 pytestmark = pytest.mark.django_db(transaction=True)

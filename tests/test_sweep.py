@@ -108,7 +108,7 @@ def test_a_sweep_that_finds_nothing_never_waits_for_sqlites_write_lock(vendor, s
         pytest.skip("SQLite's write lock")
     import sqlite3
 
-    from django_dbworker.db.connections import connections as db
+    from django_dbworker.db import connections as db
 
     Item.objects.bulk_create([Item() for _ in range(7)])
     Sweeper(workers["touch"], batch=3).sweep_all()

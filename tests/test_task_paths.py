@@ -81,7 +81,7 @@ def test_every_apps_tasks_module_is_registered_at_start_up():
     """django.setup() alone (a web process reading results, a shell) knows every app's
     tasks: tasks.py modules are imported by DBWorkerConfig.ready(), nothing else."""
     code = ("import sys, django; django.setup(); "
-            "from django_dbworker import task_registry; "
+            "from django_dbworker.tasks import registry as task_registry; "
             "print('tests.testapp.tasks.add' in task_registry.known(), "
             f"{HIDDEN!r} in sys.modules)")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
