@@ -438,17 +438,17 @@ class Rows(Kind):
         store.unclaim(claims)
 
 
-#: What ``db.execute_status`` puts before a claim or a completion with DBWORKER
+#: What ``Engine.execute_status`` puts before a claim or a completion with DBWORKER
 #: ["ASYNC_COMMIT"] (one query, two statements): kept apart here, to EXPLAIN the statement
 #: and to send it with executemany.
 ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 
 
 def statement_only(sql: str) -> tuple[str, bool]:
-    """``sql`` without the ``ASYNC_COMMIT`` prefix (or ``db.STATUS_ONLY``, its variant for
-    a row's completion: the same in a transaction that wrote nothing before); whether it
+    """``sql`` without the ``ASYNC_COMMIT`` prefix (or ``db.postgresql.STATUS_ONLY``, its
+    variant for a row's completion: the same in a transaction that wrote nothing before); whether it
     had one."""
-    from django_dbworker.db.connections import STATUS_ONLY
+    from django_dbworker.db.postgresql import STATUS_ONLY
 
     for prefix in (ASYNC_COMMIT + "; ", STATUS_ONLY):
         if sql.startswith(prefix):

@@ -16,12 +16,12 @@ class DBWorkerConfig(AppConfig):
             checks,  # noqa: F401 - registers the system checks
             conf,
         )
-        from .db.connections import answer_json_probe, on_connection_created
+        from .db.connections import know_features, on_connection_created
         from .rows import pending
 
         config = conf.load()  # bad settings fail at start-up, naming the key
-        answer_json_probe(config.DATABASE)
-        connection_created.connect(on_connection_created, dispatch_uid="dbworker-sqlite")
+        know_features(config.DATABASE)
+        connection_created.connect(on_connection_created, dispatch_uid="dbworker-connection")
         post_save.connect(pending.on_save, dispatch_uid="dbworker-pending-save")
         post_delete.connect(pending.on_delete, dispatch_uid="dbworker-pending-delete")
         autodiscover_modules("workers")

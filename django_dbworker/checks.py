@@ -11,12 +11,14 @@ from django.db import DatabaseError, connections
 from django.db.models import CompositePrimaryKey
 
 from . import conf
+from .db import ENGINES, engine_for
 from .registry import MAX_KEY_LENGTH, key_too_long, workers
 
 
 def in_memory_sqlite(alias: str) -> bool:
+    """Whether ``alias`` is a database in one process's memory (SQLite ``:memory:``)."""
     connection = connections[alias]
-    return connection.vendor == "sqlite" and connection.is_in_memory_db()
+    return engine_for(connection).in_memory(connection)
 
 
 @register()
@@ -34,16 +36,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             id="django_dbworker.E002",
         ))
     connection = connections[config.DATABASE]
-    if connection.vendor == "sqlite":
-        mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
-        if (mode or "").upper() != "IMMEDIATE":
-            errors.append(Warning(
-                f"DATABASES[{config.DATABASE!r}] is SQLite without transaction_mode "
-                "'IMMEDIATE': your web processes may see 'database is locked' when they write "
-                "while runworkers does (runworkers itself always uses IMMEDIATE).",
-                hint="Add 'OPTIONS': {'transaction_mode': 'IMMEDIATE'} to the database.",
-                id="django_dbworker.W001",
-            ))
+    engine = engine_for(connection)
+    if engine.vendor not in ENGINES:
+        errors.append(Error(
+            f"DATABASES[{config.DATABASE!r}] uses the {engine.vendor!r} backend, which "
+            "django-dbworker has no engine for; its tables and queue would not work there.",
+            hint=f"Use one of: {', '.join(sorted(ENGINES))} (DBWORKER['DATABASE'] names "
+                 "the database alias holding our tables).",
+            id="django_dbworker.E012",
+        ))
+    errors += engine.setting_checks(config.DATABASE, connection)
     return errors
 
 

@@ -15,6 +15,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import conf
+from .db import engine_for
 from .models import Execution, TaskRecord
 
 
@@ -62,7 +63,7 @@ def set_progress(percent: float, message: str | None = None) -> bool:
     model = TaskRecord if unit.kind == "task" else Execution
     key = unit.id if unit.kind == "task" else int(unit.id)
     unit.percent, unit.message = float(percent), text
-    if main.vendor == "sqlite" and main.in_atomic_block:
+    if main.in_atomic_block and engine_for(main).progress_in_handler_transaction:
         model.objects.using(using).filter(pk=key).update(progress=percent,
                                                           progress_message=text)
         return True

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def sqlite_only(vendor: str) -> None:
     if vendor != "sqlite":
         pytest.skip("SQLite's statements only; PostgreSQL prepares them (test_prepared.py)")
-    db.use_immediate_transactions(connection.alias)
+    db.own_process(connection.alias)
 
 
 def claimed() -> store.Claim:

@@ -425,7 +425,7 @@ def test_task_claims_walk_an_index_without_sorting(vendor, queues, indexes):
         claimed = taskstore.claim(queues, 8, store.Claimant(), 30)
     assert [c.row(connection.alias).priority for c in claimed] == [7] * 8
     assert len(claimed) == 8
-    # PostgreSQL: "SET LOCAL synchronous_commit = off; UPDATE ..." (db.execute_status)
+    # PostgreSQL: "SET LOCAL synchronous_commit = off; UPDATE ..." (Engine.execute_status)
     (sql,) = [q["sql"].rpartition("; ")[2] for q in captured.captured_queries
               if "UPDATE" in q["sql"]]
     assert sql.startswith("UPDATE")

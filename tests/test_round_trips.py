@@ -1,6 +1,6 @@
 """A transactional unit on PostgreSQL in two queries of ours: BEGIN goes with the source
 row's read (``db.execute_first``) and COMMIT with the completion
-(``store.complete_and_commit``). It must behave exactly as the longer way does: outcomes,
+(``PostgreSQL.complete`` with ``final``). It must behave exactly as the longer way does: outcomes,
 failures, fencing, on_commit, deferred constraints, and never a COMMIT of a transaction it
 did not open. The behaviour tests run on SQLite too (the longer way there)."""
 

@@ -1,4 +1,4 @@
-"""SQLite: our processes wait for a busy write lock in short steps (``db._with_short_waits``)
+"""SQLite: our processes wait for a busy write lock in short steps (``db.sqlite.with_short_waits``)
 before they wait the way SQLite does, and leave the busy timeout as it was."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from django.db import OperationalError, connection, transaction
 
 from django_dbworker import conf
 from django_dbworker.db import connections as db
+from django_dbworker.db import sqlite
 from tests.testapp.models import Item
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +31,7 @@ def busy_timeout() -> int:
 
 
 def test_a_transaction_gets_the_write_lock_soon_after_another_process_let_it_go(sqlite_file):
-    db.use_immediate_transactions(connection.alias)
+    db.own_process(connection.alias)
     other = sqlite3.connect(sqlite_file, isolation_level=None, check_same_thread=False)
     other.execute("BEGIN IMMEDIATE")  # another process holds the write lock ...
     release = threading.Timer(0.005, other.execute, ("COMMIT",))  # ... for 5 ms
@@ -52,7 +53,7 @@ def test_a_transaction_gets_the_write_lock_soon_after_another_process_let_it_go(
 def test_after_the_short_waits_it_waits_as_sqlite_does(sqlite_file, settings):
     settings.DBWORKER = {**settings.DBWORKER, "SQLITE_BUSY_TIMEOUT": 0.2}
     connection.close()
-    db.use_immediate_transactions(connection.alias)
+    db.own_process(connection.alias)
     other = sqlite3.connect(sqlite_file, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     started = time.monotonic()
@@ -75,7 +76,7 @@ def test_other_errors_are_not_tried_again(sqlite_file):
         raise sqlite3.OperationalError("no such table: nowhere")
 
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
-        db._with_short_waits(connection, attempt)
+        sqlite.with_short_waits(connection, attempt)
     assert len(tries) == 1
     assert busy_timeout() == int(conf.get().SQLITE_BUSY_TIMEOUT * 1000)
 
@@ -90,7 +91,7 @@ def test_busy_tries_come_tens_of_microseconds_apart_with_sqlites_wait_off(sqlite
             raise sqlite3.OperationalError("database is locked")
         return "done"
 
-    assert db._with_short_waits(connection, attempt) == "done"
+    assert sqlite.with_short_waits(connection, attempt) == "done"
     assert [timeout for _, timeout in seen] == [0] * 5, "SQLite's own sleeps are off"
     assert seen[-1][0] - seen[0][0] < 0.05, "1 + 2 + 5 + 10 ms with SQLite's busy handler"
     assert busy_timeout() == int(conf.get().SQLITE_BUSY_TIMEOUT * 1000)

@@ -114,7 +114,7 @@ def test_a_sweep_that_finds_nothing_never_waits_for_sqlites_write_lock(vendor, s
     Sweeper(workers["touch"], batch=3).sweep_all()
     settings.DBWORKER = {**settings.DBWORKER, "SQLITE_BUSY_TIMEOUT": 0.05}
     connection.close()
-    db.use_immediate_transactions(connection.alias)
+    db.own_process(connection.alias)
     connection.ensure_connection()
     other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # a unit runs elsewhere

@@ -1,9 +1,10 @@
-"""Wake-ups on PostgreSQL: NOTIFY when work appears, so idle supervisors claim at once.
+"""Wake-ups: announce when work appears, so idle supervisors claim at once.
 
-``announce()`` runs inside the writer's transaction: PostgreSQL delivers the notification
-when (and only if) it commits. Supervisors LISTEN on a connection of their own
-(``supervisor/wakeups.py``) and keep polling every ``POLL_INTERVAL`` as the fallback for
-rows written by other programs, SQLite, and poolers that cannot LISTEN.
+``announce()`` runs inside the writer's transaction: where the engine notifies
+(PostgreSQL's NOTIFY) the announcement is delivered when (and only if) it commits.
+Supervisors listen on a connection of their own (``supervisor/wakeups.py``) and keep
+polling every ``POLL_INTERVAL`` as the fallback for rows written by other programs,
+databases that cannot notify, and poolers that cannot LISTEN.
 """
 
 from __future__ import annotations
@@ -11,17 +12,18 @@ from __future__ import annotations
 from django.db import connections
 
 from .. import conf
+from . import engine_for
 
 CHANNEL = "dbworker"
 
 
 def enabled(using: str) -> bool:
-    return connections[using].vendor == "postgresql" and conf.get().NOTIFY
+    return engine_for(connections[using]).notifies and conf.get().NOTIFY
 
 
 def announce(using: str, what: str) -> None:
     """Tell listening supervisors that ``what`` (a worker name, or ``task``) has work."""
     if not enabled(using):
         return
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, what])
+    connection = connections[using]
+    engine_for(connection).notify(connection, CHANNEL, what)

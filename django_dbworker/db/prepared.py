@@ -12,7 +12,7 @@ it never stands for another statement, in any session.
 
 A PREPARE runs only outside a transaction, in a query of its own: a statement first needed
 inside one (a completion) runs unprepared that time and is prepared before the next
-transaction begins (``db.execute_first``). So preparing never fails a unit's transaction.
+transaction begins (``postgresql.execute_first``). So preparing never fails a unit's transaction.
 
 Off with ``DBWORKER["PREPARED_STATEMENTS"] = False``: behind a transaction-pooling
 PgBouncer, whose transactions each get some server connection, where the statement may not
@@ -75,7 +75,7 @@ def enabled(connection: BaseDatabaseWrapper) -> bool:
     """Whether statements are prepared on ``connection`` (open)."""
     if not _active or _off or connection.vendor != "postgresql":
         return False
-    from .connections import binds_on_client
+    from .postgresql import binds_on_client
 
     return conf.get().PREPARED_STATEMENTS and binds_on_client(connection)
 

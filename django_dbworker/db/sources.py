@@ -20,8 +20,7 @@ from django.core.signals import setting_changed
 from django.db import connections, models
 
 from ..rows.keys import pk_field
-from . import direct
-from .connections import execute_first, execute_prepared
+from . import engine_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +41,7 @@ class Reader:
         params = list(self.params)
         params[self.slot] = pk
         connection = connections[using]
-        raw = direct.connection_for(connection)
-        if raw is not None:
-            rows = direct.execute(connection, raw, self.sql, params).fetchall()
-        else:
-            with connection.cursor() as cursor:
-                if first:
-                    execute_first(cursor, self.sql, params, prepare=True)
-                else:
-                    execute_prepared(cursor, self.sql, params)
-                rows = cursor.fetchall()
+        rows = engine_for(connection).read(connection, self.sql, params, first=first)
         if not rows:
             return None
         if self.converters:
@@ -72,7 +62,7 @@ def get(model: type[models.Model], pk: Any, using: str,
     """The row of ``model`` with primary key ``pk``; raises ``model.DoesNotExist``.
 
     ``first``: the read is the first statement of the transaction just opened (its BEGIN
-    may go with it: ``db.execute_first``)."""
+    may go with it: ``postgresql.execute_first``)."""
     key = (using, connections[using].vendor, model, tuple(annotations or ()))
     reader = _readers.get(key, _UNKNOWN)
     if reader is _UNKNOWN:  # the manager is copied for the database only then (a tenth

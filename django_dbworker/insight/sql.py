@@ -1,11 +1,12 @@
-"""Small SQL expressions the read model needs on both databases."""
+"""Small SQL expressions the read model needs on every database (their SQL: the engine's)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import NotSupportedError
 from django.db.models import CharField, Func
+
+from ..db import engine_for
 
 
 class LastErrorClass(Func):
@@ -14,14 +15,5 @@ class LastErrorClass(Func):
     output_field = CharField()
 
     def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
-        raise NotSupportedError(f"LastErrorClass is not written for {connection.vendor}.")
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
-        return super().as_sql(compiler, connection,
-                              template="json_extract(%(expressions)s, "
-                                       "'$[#-1].exception_class_path')", **extra)
-
-    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
-        return super().as_sql(compiler, connection,
-                              template="((%(expressions)s) -> -1 ->> 'exception_class_path')",
-                              **extra)
+        template = engine_for(connection).json_last("exception_class_path")
+        return super().as_sql(compiler, connection, template=template, **extra)

@@ -26,19 +26,16 @@ PARAMETERS = {
 
 
 def set_storage(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    settings = ", ".join(f"{name} = {value}" for name, value in PARAMETERS.items())
-    for table in TABLES:
-        schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} SET ({settings})")
+    # The database's engine applies them where it has such parameters (PostgreSQL).
+    from django_dbworker.db import engine_for
+
+    engine_for(schema_editor.connection).set_table_storage(schema_editor, TABLES, PARAMETERS)
 
 
 def reset_storage(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    for table in TABLES:
-        schema_editor.execute(
-            f"ALTER TABLE {schema_editor.quote_name(table)} RESET ({', '.join(PARAMETERS)})")
+    from django_dbworker.db import engine_for
+
+    engine_for(schema_editor.connection).reset_table_storage(schema_editor, TABLES, PARAMETERS)
 
 
 class Migration(migrations.Migration):

@@ -25,6 +25,7 @@ from typing import Any
 
 from django.db.models import Exists, F, OrderBy, OuterRef, Q, QuerySet, Subquery, Value
 
+from ..db import engine_for
 from ..models import CLAIMABLE, Execution
 from ..registry import Worker
 from . import keys
@@ -64,10 +65,10 @@ class Probe(Exists):
     is PostgreSQL's traditional optimisation fence: it keeps the subquery a per-row probe.
     """
 
-    def as_postgresql(self, compiler: Any, connection: Any,
-                      **extra_context: Any) -> tuple[str, Any]:
-        return self.as_sql(compiler, connection, template="EXISTS(%(subquery)s OFFSET 0)",
-                           **extra_context)
+    def as_sql(self, compiler: Any, connection: Any, template: str | None = None,
+               **extra_context: Any) -> tuple[str, Any]:
+        template = template or engine_for(connection).probe_template()
+        return super().as_sql(compiler, connection, template=template, **extra_context)
 
 
 def candidates(worker: Worker, now: datetime, using: str) -> QuerySet[Execution]:

@@ -17,8 +17,8 @@ from django.db.transaction import TransactionManagementError
 
 from .. import conf, progress
 from ..context import Context
-from ..db import prepared, sources
-from ..db.connections import TransactionCheck, binds_on_client, connected
+from ..db import TransactionEnded, engine, sources
+from ..db.connections import TransactionCheck, connected
 from ..exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from ..logs import log_event
 from ..outcomes import Finished, Unfinished
@@ -66,7 +66,7 @@ def run(c: Claim) -> Result:
             raise  # the database is unreachable: the caller reconnects; the lease expires
         return _record_failure(c, exc, started)
     except BaseException as exc:
-        if prepared.lost(exc):
+        if engine().session_lost(exc):
             raise  # not the unit's fault: the caller opens a new session; the unit goes back
         return _record_failure(c, exc, started)
     finally:
@@ -142,55 +142,34 @@ def _ended_itself(worker: Worker) -> HandlerTransactionError:
 
 def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished,
             check: TransactionCheck | None = None) -> str:
-    """Write the outcome, guarded by the claim's token; raise LeaseLost if it is not ours.
-
-    With ``check`` (transactional workers), raise HandlerTransactionError if the handler
-    ended the transaction: read by the completion UPDATE itself where it can, so the
-    UPDATE, run in whatever transaction the handler left, is rolled back with it.
-    """
-    returning = check.returning if check is not None else None
-    if check is not None and returning is None and not check.unchanged():
-        raise _ended_itself(worker)
-    current = pending.running.get()
-    if current is not None and current.deleted:
-        if check is not None and returning is not None and not check.unchanged():
-            raise _ended_itself(worker)
-        if not store.forget(c):
+    """Have the store write the outcome (``store.record``, guarded by the claim's token);
+    raise LeaseLost if the claim is not ours, HandlerTransactionError if a transactional
+    handler (``check``) ended its transaction itself."""
+    final = _final(worker, check)
+    try:
+        current = pending.running.get()
+        if current is not None and current.deleted:
+            if not store.forget_checked(c, check):
+                raise LeaseLost(_lost(worker, c))
+            return GONE
+        if not store.record(c, outcome, check, final=final):
             raise LeaseLost(_lost(worker, c))
-        return GONE
-    if returning is not None and _commits_last(worker, check):
-        assert check is not None
-        try:
-            recorded = store.complete_and_commit(c, outcome, check.begun)
-        except store.TransactionEnded:
-            raise _ended_itself(worker) from None
-        if not recorded:
-            raise LeaseLost(_lost(worker, c))
-        return FINISHED if isinstance(outcome, Finished) else UNFINISHED  # committed
-    if returning is not None:
-        assert check is not None
-        rows = store.complete_returning(c, outcome, returning)
-        if not rows:
-            raise LeaseLost(_lost(worker, c))
-        if not check.unchanged(rows[0][0]):
-            raise _ended_itself(worker)
-    elif not store.complete(c, outcome):
-        raise LeaseLost(_lost(worker, c))
-    pending.add_siblings(worker, c.source_key, conf.get().DATABASE)
+    except TransactionEnded:
+        raise _ended_itself(worker) from None
+    if not final:  # else there are none
+        pending.add_siblings(worker, c.source_key, conf.get().DATABASE)
     return FINISHED if isinstance(outcome, Finished) else UNFINISHED
 
 
-def _commits_last(worker: Worker, check: TransactionCheck | None) -> bool:
-    """Whether the completion may COMMIT the transaction in its own query
-    (``store.complete_and_commit``): a transactional handler's, the outermost transaction
-    (not a savepoint, as under ``run_until_idle`` in a test's transaction), nothing to
-    write after it (no sibling workers to make the row pending for), and client-side
-    binding (one query, several statements)."""
+def _final(worker: Worker, check: TransactionCheck | None) -> bool:
+    """Whether the completion is the last statement of its transaction, which the store's
+    engine may then COMMIT with it: a transactional handler's, the outermost transaction
+    (not a savepoint, as under ``run_until_idle`` in a test's transaction), and nothing to
+    write after it (no sibling workers to make the row pending for)."""
     if check is None or check.begun is None:
         return False
     connection = connections[check.using]
-    return (binds_on_client(connection)
-            and len(connection.atomic_blocks) == 1 and connection.commit_on_exit
+    return (len(connection.atomic_blocks) == 1 and connection.commit_on_exit
             and not connection.needs_rollback and not connection.savepoint_ids
             and not any(w.name != worker.name for w in workers.for_model(worker.source)))
 

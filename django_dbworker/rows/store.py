@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, DataError, connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from .. import conf
-from ..db import compiled, direct
-from ..db.connections import execute_completion, execute_status, status_only
+from ..db import TransactionEnded, compiled, engine, engine_for
 from ..models import CLAIMABLE, Execution, Failure, State
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
@@ -198,18 +197,8 @@ def claim_sql(
     inner_sql, inner_params = compiled.sql_with_now(
         ("execution", worker.name, limit), worker, build, now, using,
         cacheable=worker.static_eligible)
-    if connection.vendor == "postgresql":
-        # The candidates are picked once (an InitPlan), then updated by primary key. With
-        # ``id IN (...)`` the planner may join instead: a sequential scan of the whole table
-        # for a small one, and a join may run a LIMIT ... SKIP LOCKED subquery again.
-        picked = f"id = ANY(ARRAY({inner_sql}))"
-    else:
-        if connection.vendor == "sqlite":
-            # Statistics (ANALYZE, PRAGMA optimize) of a table whose units are all waiting
-            # make SQLite scan and sort the whole table for LIMIT 1 or 2: name the index.
-            index = connection.ops.quote_name(CLAIM_INDEX)
-            inner_sql = inner_sql.replace(f"FROM {table} ", f"FROM {table} INDEXED BY {index} ", 1)
-        picked = f"id IN ({inner_sql})"
+    index = connection.ops.quote_name(CLAIM_INDEX)
+    picked = engine_for(connection).pick(inner_sql, table, index)
     sql = (
         f"UPDATE {table} SET state = %s, token = %s, supervisor_id = %s, "
         "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
@@ -231,13 +220,9 @@ def claim_sql(
 
 
 def one_statement(using: str) -> Any:
-    """The transaction a single claim statement runs in: none of its own on PostgreSQL
-    outside a transaction (autocommit commits it, and saves BEGIN and COMMIT round trips);
-    elsewhere a transaction (SQLite: BEGIN IMMEDIATE takes the write lock first)."""
+    """The transaction a single claim statement runs in (``Engine.one_statement``)."""
     connection = connections[using]
-    if connection.vendor == "postgresql" and connection.get_autocommit():
-        return contextlib.nullcontext()
-    return transaction.atomic(using=using)
+    return engine_for(connection).one_statement(connection)
 
 
 def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[Claim]:
@@ -248,7 +233,7 @@ def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[
     token = uuid.uuid4()
     sql, params = claim_sql(worker, limit, claimant, token=token, now=now, expires=expires)
     with one_statement(using), connections[using].cursor() as cursor:
-        execute_status(cursor, sql, params)
+        engine(using).execute_status(cursor, sql, params)
         rows = cursor.fetchall()
     return [Claim(row[0], worker.name, row[1], token, row[2], expires) for row in rows]
 
@@ -260,15 +245,13 @@ def _fenced(c: Claim, using: str) -> Any:
 
 
 def lease_live(using: str) -> bool:
-    """Whether a child's record also needs its lease unexpired, not only its token.
+    """Whether a child's record also needs its lease unexpired, not only its token
+    (``Engine.checks_lease_on_record``).
 
     Leases are written with ``timezone.now()`` by the supervisor, a fork on the same host:
-    the child compares with the same clock. Not on SQLite: a running transactional handler
-    holds its only write lock from BEGIN to COMMIT, so renewals wait behind it and a lease
-    may lapse while its supervisor is well; nobody can take a unit over meanwhile either (a
-    reap needs the same lock and changes the token, which the record checks).
+    the child compares with the same clock.
     """
-    return connections[using].vendor != "sqlite"
+    return engine(using).checks_lease_on_record
 
 
 def _live(c: Claim, using: str, now: datetime) -> Any:
@@ -284,8 +267,8 @@ def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[
     now = timezone.now()
     finished = isinstance(outcome, Finished)
     live = lease_live(connection.alias)
-    tail = status_only(connection)
-    key = (connection.alias, connection.vendor, live, finished, tail)
+    tail = engine_for(connection).completion_tail(connection)
+    key = (connection.alias, connection.settings_dict["ENGINE"], live, finished, tail)
     sql = _completion_sql.get(key)
     if sql is None:
         sql = _completion_sql[key] = _completion_statement(connection, live, finished) + tail
@@ -336,70 +319,31 @@ _completion_sql: dict[tuple[str, str, bool, bool, str], str] = {}
 
 def complete(c: Claim, outcome: Outcome) -> int:
     """Write the handler's outcome, only while ``c`` is still the current claim and its
-    lease has not expired."""
-    connection = connections[_alias()]
-    sql, params = _completion(c, outcome, connection)
-    raw = direct.connection_for(connection) if connection.in_atomic_block else None
-    if raw is not None:  # SQLite, in the handler's transaction: it holds the write lock
-        return direct.execute(connection, raw, sql, params).rowcount
-    with connection.cursor() as cursor:
-        execute_completion(cursor, sql, params)
-        return cursor.rowcount
+    lease has not expired; the rows changed (0 or 1)."""
+    return record(c, outcome)
 
 
-def complete_returning(c: Claim, outcome: Outcome, returning: str) -> list[tuple[Any, ...]]:
-    """``complete``, with ``RETURNING returning``: one row if it changed the unit, none if
-    ``c`` is no longer the current claim. The runner reads a transaction marker this way
-    without a round trip of its own (``db.TransactionCheck``)."""
-    connection = connections[_alias()]
-    sql, params = _completion(c, outcome, connection)
-    with connection.cursor() as cursor:
-        execute_completion(cursor, f"{sql} RETURNING {returning}", params)
-        return cursor.fetchall()
+def record(c: Claim, outcome: Outcome, check: Any = None, *, final: bool = False) -> int:
+    """Write ``outcome`` for ``c``, fenced by its token (and lease): the rows changed (0:
+    the claim is no longer current). Which statement does it is the engine's business
+    (``Engine.complete``).
 
-
-class TransactionEnded(Exception):
-    """``complete_and_commit`` ran in another transaction than the one its handler began."""
-
-
-#: What the committing completion fails with when it must not commit (the server's log
-#: shows them as "invalid input syntax for type integer"). SQL string literals: no quotes.
-_NOT_CURRENT = "dbworker: the claim is no longer current, nothing committed"
-_ENDED = "dbworker: the transaction of the handler ended before its completion"
-
-
-def complete_and_commit(c: Claim, outcome: Outcome, begun: datetime) -> int:
-    """``complete``, then COMMIT, in one query (PostgreSQL, client-side binding): the last
-    statement of a transactional handler's transaction, a round trip less per unit.
-
-    ``begun``: ``transaction_timestamp()`` as read at the start of the transaction. COMMIT
-    runs only if the UPDATE changed the unit and the transaction is still that one;
-    otherwise the query fails before COMMIT and the transaction is left aborted for the
-    caller to roll back: 0 is returned when the claim is not current, ``TransactionEnded``
-    raised when the handler ended the transaction. A failed COMMIT (a deferred constraint)
-    raises as ``commit()`` would. Returns 1 when committed.
+    ``check``: the ``TransactionCheck`` of a transactional handler; ``TransactionEnded``
+    is raised if the handler ended its transaction. ``final``: the completion is the last
+    statement of the outermost transaction, so the engine may COMMIT with it (then 1 means
+    committed).
     """
     connection = connections[_alias()]
     sql, params = _completion(c, outcome, connection)
-    guarded = (
-        f"WITH done AS ({sql} RETURNING 1) SELECT CASE "
-        # Not constants (STABLE functions, an aggregate), so not evaluated at plan time.
-        f"WHEN transaction_timestamp() <> %s THEN CAST('{_ENDED} ' || "
-        "transaction_timestamp() AS integer) "
-        f"WHEN count(*) = 0 THEN CAST('{_NOT_CURRENT} ' || count(*) AS integer) END "
-        "FROM done"
-    )
-    begun = Execution._meta.get_field("started_at").get_db_prep_save(begun, connection)
-    with connection.cursor() as cursor:
-        try:
-            execute_completion(cursor, guarded, [*params, begun], then="COMMIT")
-        except DataError as exc:
-            if _NOT_CURRENT in str(exc):
-                return 0
-            if _ENDED in str(exc):
-                raise TransactionEnded from None
-            raise
-    return 1
+    return engine_for(connection).complete(connection, sql, params, check=check, final=final)
+
+
+def forget_checked(c: Claim, check: Any = None) -> int:
+    """``forget``, after making sure a transactional handler's transaction (``check``) is
+    still the one begun (``TransactionEnded`` if not)."""
+    if check is not None and not check.unchanged():
+        raise TransactionEnded
+    return forget(c)
 
 
 def fail(c: Claim, failure: FailureInfo) -> int:

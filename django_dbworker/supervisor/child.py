@@ -15,8 +15,8 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from .. import conf
-from ..db import prepared
-from ..db.connections import connected, use_immediate_transactions
+from ..db import engine
+from ..db.connections import connected, own_process
 from ..logs import log_event
 from ..rows.store import safe_message
 from ..tasks.completions import Completions, Kept
@@ -90,7 +90,8 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
     """``exc`` escaped the unit: a lost connection gives it back; anything else is the
     unit's own fault and becomes its FAILED record, here and now; if even that cannot
     be recorded, the supervisor releases it as a crash (MAX_CRASHES ends it)."""
-    if isinstance(exc, DatabaseError) and (prepared.lost(exc) or units.transient(exc)
+    if isinstance(exc, DatabaseError) and (engine(using).session_lost(exc)
+                                           or units.transient(exc)
                                            or not connected(using, raw)):
         connections[using].close()
         report.append((seq, "db_error", str(units.describe(claim)), safe_message(exc)))
@@ -130,8 +131,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(parent_pid)
-    use_immediate_transactions(using)
-    prepared.activate()
+    own_process(using, runs_units=True)
     completions = Completions(using)
     memory_mb = conf.get().CHILD_MAX_MEMORY_MB
     report: list[tuple[Any, ...]] = []

@@ -17,7 +17,7 @@ from typing import TextIO
 from django.db import DatabaseError, connections
 
 from .. import conf
-from ..db.connections import connected, use_immediate_transactions
+from ..db.connections import connected, own_process
 from ..logs import log_event, logger
 from ..registry import Worker
 from ..rows import pending, store
@@ -93,7 +93,7 @@ class Supervisor:
     # ----- life cycle ---------------------------------------------------------------
 
     def run(self) -> int:
-        use_immediate_transactions(self.using)
+        own_process(self.using)
         self._install_signals()
         pool.adopt_orphans()  # what tasks start and leave behind is ours to stop (Linux)
         names = ",".join(w.name for w in self.options.workers)

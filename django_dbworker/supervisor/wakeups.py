@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import connections
 
+from ..db import engine_for
 from ..db.notify import CHANNEL, enabled
 from ..logs import log_event
 
@@ -82,7 +83,7 @@ class Listener:
 
 
 class Commits:
-    """SQLite: has another connection committed since we last looked?
+    """Has another connection committed since we last looked (``Engine.commit_counter``)?
 
     SQLite cannot announce work, but ``PRAGMA data_version`` tells, from shared memory and
     for a few microseconds, whether any other connection committed to the database. An
@@ -95,18 +96,16 @@ class Commits:
 
     def __init__(self, using: str) -> None:
         self.using = using
-        self.active = connections[using].vendor == "sqlite"
+        self.active = engine_for(connections[using]).watches_commits
         self._seen: int | None = None
 
     def changed(self) -> bool:
         if not self.active:
             return False
         try:
+            # An idle supervisor asks twenty times a second: the engine reads it cheaply.
             connection = connections[self.using]
-            connection.ensure_connection()
-            # On the sqlite3 connection itself: Django's cursor costs ten times the PRAGMA,
-            # and an idle supervisor asks twenty times a second.
-            version = connection.connection.execute("PRAGMA data_version").fetchone()[0]
+            version = engine_for(connection).commit_counter(connection)
         except Exception:  # polling (and the next claim) will meet the broken database
             return False
         changed = self._seen is not None and version != self._seen

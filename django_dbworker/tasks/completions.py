@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from ..db.connections import connected, use_immediate_transactions
+from ..db.connections import connected, own_process
 from . import store as taskstore
 from .store import TaskClaim
 
@@ -137,7 +137,7 @@ class Completions:
     # ----- the thread -------------------------------------------------------------
 
     def _record_behind(self) -> None:
-        use_immediate_transactions(self.using)  # this thread's connection is its own
+        own_process(self.using)  # this thread's connection is its own
         try:
             while True:
                 with self._cond:

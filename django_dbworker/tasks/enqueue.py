@@ -27,6 +27,7 @@ from django.tasks import Task
 from django.utils import timezone
 from django.utils.json import normalize_json
 
+from ..db import engine_for
 from ..models import TaskRecord, TaskStatus
 
 #: Rows per statement of one enqueue call: small enough that the first batch reaches the
@@ -234,7 +235,7 @@ def insert(rows: list[NewTask], using: str, payload: str | None = None) -> None:
     connection = connections[using]
     statement = _statement(connection)
     params = statement.shared_params(rows[0].shared, connection)
-    if connection.vendor == "postgresql":
+    if statement.json_rows:
         params.append(encode(rows) if payload is None else payload)
         with connection.cursor() as cursor:
             cursor.execute(statement.sql, params)
@@ -271,8 +272,10 @@ class _Statement:
     template: list[Any]
     #: (place in ``template``, field) for each value taken from the call's ``Shared``.
     from_call: list[tuple[int, Any]]
-    #: Places of id, args, kwargs in a row's parameters (not PostgreSQL).
+    #: Places of id, args, kwargs in a row's parameters (not with ``json_rows``).
     slots: tuple[int, int, int]
+    #: The per-row values go as one JSON parameter (``Engine.json_rows_insert``).
+    json_rows: bool
 
     def shared_params(self, shared: Shared, connection: Any) -> list[Any]:
         params = self.template.copy()
@@ -286,7 +289,7 @@ _SHARED_FIELDS = frozenset(f.name for f in fields(Shared))
 
 
 def _statement(connection: Any) -> _Statement:
-    key = (connection.alias, connection.vendor)
+    key = (connection.alias, connection.settings_dict["ENGINE"])
     found = _STATEMENTS.get(key)
     if found is None:
         found = _STATEMENTS[key] = _make_statement(connection)
@@ -298,9 +301,13 @@ def _make_statement(connection: Any) -> _Statement:
     quote = connection.ops.quote_name
     head = (f"INSERT INTO {quote(TaskRecord._meta.db_table)} "
             f"({', '.join(quote(f.column) for f in columns)})")
-    postgres = connection.vendor == "postgresql"
-    # On PostgreSQL the parameters are the shared columns only; elsewhere every column.
-    listed = [f for f in columns if f.name not in PER_ROW] if postgres else list(columns)
+    # The per-row values travel as one JSON array of [id, args, kwargs] where the engine
+    # can take them so (one string parameter, cheap to send); the parameters are then the
+    # shared columns only, elsewhere every column.
+    per_row = {"id": 0, "args": 1, "kwargs": 2}
+    json_sql = engine_for(connection).json_rows_insert(head, columns, per_row, connection)
+    listed = ([f for f in columns if f.name not in PER_ROW] if json_sql is not None
+              else list(columns))
     template: list[Any] = []
     from_call = []
     for place, f in enumerate(listed):
@@ -314,14 +321,5 @@ def _make_statement(connection: Any) -> _Statement:
             template.append(f.get_db_prep_save(value, connection))
     names = [f.name for f in columns]
     slots = (names.index("id"), names.index("args"), names.index("kwargs"))
-    if postgres:
-        # The per-row values travel as one JSON array of [id, args, kwargs] (one string
-        # parameter, cheap to send); every value is typed, as the SELECT list gives the
-        # INSERT no column types to infer.
-        per_row = {"id": "(e->>0)::uuid", "args": "e->1", "kwargs": "e->2"}
-        select = ", ".join(per_row[f.name] if f.name in PER_ROW
-                           else f"%s::{f.db_type(connection)}" for f in columns)
-        sql = f"{head} SELECT {select} FROM jsonb_array_elements(%s::jsonb) e"
-    else:
-        sql = f"{head} VALUES ({', '.join(['%s'] * len(columns))})"
-    return _Statement(sql, template, from_call, slots)
+    sql = json_sql or f"{head} VALUES ({', '.join(['%s'] * len(columns))})"
+    return _Statement(sql, template, from_call, slots, json_sql is not None)

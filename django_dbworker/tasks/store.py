@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,8 +32,7 @@ from django.db.models import Case, F, Func, JSONField, When
 from django.utils import timezone
 
 from .. import conf
-from ..db import compiled, notify, sources
-from ..db.connections import execute_status, pipelined
+from ..db import compiled, engine, engine_for, notify, sources
 from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
 from ..rows.queries import in_states
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
@@ -115,13 +113,13 @@ def insert_batches(batches: Iterable[tuple[list[newtasks.NewTask], str | None]])
     ``(rows, payload)`` (``tasks.enqueue.encode(rows)``, or None: made here if needed), all in
     one transaction.
 
-    On PostgreSQL the statements are pipelined (``db.pipelined``): each batch is sent as
+    On PostgreSQL the statements are pipelined (``Engine.pipelined``): each batch is sent as
     soon as ``batches`` gives it, and the server stores it while the next is built, so the
     Python work per row and the server's run side by side instead of one after the other.
     An exception from ``batches`` (a call that is not JSON) or from the server rolls every
     batch back."""
     using = _alias()
-    with transaction.atomic(using=using), pipelined(using):
+    with transaction.atomic(using=using), engine(using).pipelined(connections[using]):
         for rows, payload in batches:
             newtasks.insert(rows, using, payload)
         notify.announce(using, "task")
@@ -188,10 +186,7 @@ def claim(
     table = connection.ops.quote_name(TaskRecord._meta.db_table)
     # the whole row comes back: the child runs the task from it without reading it again
     returned = sources.columns(TaskRecord, using)
-    if connection.vendor == "postgresql":
-        append = "worker_ids || jsonb_build_array(%s::text)"
-    else:
-        append = "json_insert(worker_ids, '$[#]', %s)"
+    append = engine_for(connection).json_append("worker_ids")
     sql = (
         f"UPDATE {table} SET status = %s, token = %s, supervisor_id = %s, "
         "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
@@ -213,7 +208,7 @@ def claim(
         *inner_params,
     ]
     with one_statement(using), connection.cursor() as cursor:
-        execute_status(cursor, sql, params)
+        engine_for(connection).execute_status(cursor, sql, params)
         rows = returned.values(cursor.fetchall())
     at = [returned.names.index(name) for name in ("id", "task_path", "attempts")]
     claims = [TaskClaim(row[at[0]], row[at[1]], token, row[at[2]], expires, now, row)
@@ -280,36 +275,18 @@ def succeed_many(done: Sequence[tuple[TaskClaim, Any, datetime]]) -> set[uuid.UU
     sql += f" RETURNING {table}.{column['id']}"
     to_id = field("id").to_python
     with connection.cursor() as cursor:
-        execute_status(cursor, sql, params)
+        engine_for(connection).execute_status(cursor, sql, params)
         return {to_id(value) for (value,) in cursor.fetchall()}
 
 
 def _new_values(connection: Any, done: Sequence[tuple[TaskClaim, Any, datetime]],
                 ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
     """``succeed_many``'s rows ``v(id, token, return_value, finished_at)``: a WITH clause
-    and what to select them FROM, each with its parameters.
-
-    PostgreSQL: one JSON parameter read by ``jsonb_to_recordset``, so the statement's text
-    is the same for any number of tasks (psycopg's client-side binding parses a statement
-    with hundreds of placeholders anew every time: about a millisecond for 17 tasks). A
-    JSON null is SQL NULL there, as ``JSONField`` stores None. Elsewhere: ``VALUES``."""
+    and what to select them FROM, each with its parameters (``Engine.values_source``)."""
     field = TaskRecord._meta.get_field
-    if connection.vendor == "postgresql":
-        rows = [{"id": str(c.task_id), "token": str(c.token), "return_value": value,
-                 "finished_at": at.isoformat()} for c, value, at in done]
-        types = ", ".join(f"{name} {field(name).cast_db_type(connection)}" for name in
-                          ("id", "token", "return_value", "finished_at"))
-        return ("", []), (f"jsonb_to_recordset(%s::jsonb) AS v ({types})",
-                          [json.dumps(rows, allow_nan=False)])
-    params: list[Any] = []
-    for c, value, at in done:
-        params += [field("id").get_db_prep_save(c.task_id, connection),
-                   field("token").get_db_prep_save(c.token, connection),
-                   field("return_value").get_db_prep_save(value, connection),
-                   field("finished_at").get_db_prep_save(at, connection)]
-    rows = ", ".join(["(%s, %s, %s, %s)"] * len(done))
-    return (f"WITH v (id, token, return_value, finished_at) AS (VALUES {rows}) ", params), \
-        ("v", [])
+    columns = [field(name) for name in ("id", "token", "return_value", "finished_at")]
+    return engine_for(connection).values_source(
+        connection, columns, [(c.task_id, c.token, value, at) for c, value, at in done])
 
 
 def error_entry(info: FailureInfo, attempt: int, when: datetime) -> dict[str, Any]:
@@ -384,12 +361,8 @@ def unclaim(claims: list[TaskClaim]) -> int:
     if not claims:
         return 0
     using = _alias()
-    if connections[using].vendor == "postgresql":
-        last_removed = Func(F("worker_ids"), template="(%(expressions)s - (-1))",
-                            output_field=JSONField())
-    else:
-        last_removed = Func(F("worker_ids"), template="json_remove(%(expressions)s, '$[#-1]')",
-                            output_field=JSONField())
+    last_removed = Func(F("worker_ids"), template=engine(using).json_drop_last(),
+                        output_field=JSONField())
     return TaskRecord.objects.using(using).filter(
         by_tokens(claims), status__in=TRANSITIONS["unclaim"]
     ).update(

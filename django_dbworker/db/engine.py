@@ -1,0 +1,215 @@
+"""What the stores ask of a database: the engine interface, one implementation per database.
+
+Everything that differs between databases (a statement's SQL, how it is sent, what a
+connection needs first, how idle supervisors are woken) is a method or a capability flag
+here. ``rows/``, ``tasks/``, ``supervisor/`` and the rest call ``db.engine(using)`` and never
+ask which database they talk to. ``db/postgresql.py`` and ``db/sqlite.py`` implement it; a
+new database is one more module registered in ``db/__init__.py`` (Oban's engines are the
+model). The defaults here are portable SQL and Django's own cursor; an engine overrides
+what its database does better or differently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+from django.core.checks import CheckMessage
+from django.db import NotSupportedError, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+class TransactionEnded(Exception):
+    """A completion ran in another transaction than the one its handler began."""
+
+
+class Engine:
+    """One database's way of doing what the stores need. Stateless: one instance per
+    database vendor, methods take the Django connection (or a cursor on it)."""
+
+    vendor: ClassVar[str] = ""
+
+    # ----- capability flags -------------------------------------------------------------
+
+    #: A child's record of a unit also needs its lease unexpired, not only its token (not
+    #: where a handler's transaction holds the only write lock, so renewals wait behind it).
+    checks_lease_on_record: ClassVar[bool] = True
+    #: Supervisors can be woken by the writer's transaction (LISTEN/NOTIFY).
+    notifies: ClassVar[bool] = False
+    #: An idle supervisor can learn cheaply that another connection committed.
+    watches_commits: ClassVar[bool] = False
+    #: ``set_progress()`` inside a transactional handler writes in the handler's own
+    #: transaction (a side connection would wait for the write lock the handler holds).
+    progress_in_handler_transaction: ClassVar[bool] = False
+
+    # ----- connections ------------------------------------------------------------------
+
+    def on_connection_created(self, connection: BaseDatabaseWrapper) -> None:
+        """Set up a new connection to our database (every process)."""
+
+    def know_features(self, connection: BaseDatabaseWrapper) -> None:
+        """Answer Django's feature probes that would otherwise touch the database."""
+
+    def own_process(self, connection: BaseDatabaseWrapper, *, runs_units: bool = False) -> None:
+        """Set up ``connection`` in one of our own processes (a supervisor, a child, a
+        completion thread); ``runs_units``: it runs units over and over (a child)."""
+
+    def in_memory(self, connection: BaseDatabaseWrapper) -> bool:
+        """Whether the database lives in one process's memory (other processes cannot see
+        it)."""
+        return False
+
+    def setting_checks(self, alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
+        """System-check messages about the database's settings."""
+        return []
+
+    def session_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the session lost something of ours (not the unit's fault:
+        the unit goes back and the process opens a new session)."""
+        return False
+
+    def set_table_storage(self, schema_editor: Any, tables: Sequence[str],
+                          parameters: dict[str, Any]) -> None:
+        """Storage parameters for the tables whose rows churn all day (migration 0004):
+        applied where the database has these parameters, else nothing."""
+
+    def reset_table_storage(self, schema_editor: Any, tables: Sequence[str],
+                            parameters: dict[str, Any]) -> None:
+        """Undo ``set_table_storage``."""
+
+    # ----- statements -------------------------------------------------------------------
+
+    def one_statement(self, connection: BaseDatabaseWrapper) -> Any:
+        """The transaction a single claim statement runs in."""
+        return transaction.atomic(using=connection.alias)
+
+    def execute_status(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+        """Execute one of our status statements (a claim, a task's completion): its loss
+        in a database crash costs a re-run, never a unit. The cursor is left at its
+        result."""
+        cursor.execute(sql, params)
+
+    def execute_completion(self, cursor: Any, sql: str, params: Sequence[Any],
+                           then: str = "") -> None:
+        """Execute a row's completion (its WHERE ending with ``completion_tail()``);
+        ``then``: a statement to run after it in the same query, where the engine can."""
+        cursor.execute(sql + (f"; {then}" if then else ""), params)
+
+    def completion_tail(self, connection: BaseDatabaseWrapper) -> str:
+        """What a row completion's WHERE ends with (always true)."""
+        return ""
+
+    def read(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
+             first: bool = False) -> list[tuple[Any, ...]]:
+        """The rows of a unit's read (its source row); ``first``: the first statement of
+        the transaction ``transaction.atomic()`` just opened."""
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+
+    @contextlib.contextmanager
+    def pipelined(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
+        """Statements of the block sent without waiting for each other's results, where
+        the engine can; only for statements whose results nobody reads."""
+        yield
+
+    # ----- the transaction of a transactional handler ----------------------------------
+
+    #: SQL of a value that changes when the transaction ends and another begins, read by
+    #: the unit's own statements (selected with the source row, returned by the
+    #: completion); None: ``transaction_marker`` reads it without a statement.
+    marker_sql: ClassVar[str | None] = None
+
+    def transaction_marker(self, connection: BaseDatabaseWrapper) -> Any:
+        """A value that changes if the current transaction ends and another begins."""
+        return None
+
+    def complete(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
+                 check: Any = None, final: bool = False) -> int:
+        """Run a row's fenced completion ``sql``; the rows it changed (0: the claim is not
+        current). ``check``: the ``TransactionCheck`` of a transactional handler, verified
+        here (``TransactionEnded`` if the handler ended its transaction). ``final``: the
+        completion is the last statement of the outermost transaction, so an engine may
+        COMMIT with it; returns 1 only once committed then."""
+        if check is not None and not check.unchanged():
+            raise TransactionEnded
+        with connection.cursor() as cursor:
+            self.execute_completion(cursor, sql, params)
+            return cursor.rowcount
+
+    # ----- SQL fragments ----------------------------------------------------------------
+
+    def pick(self, inner_sql: str, table: str, index: str) -> str:
+        """The WHERE of a row claim's UPDATE: the ids its candidate subquery selects
+        (``inner_sql``, over ``table``, whose claim index is ``index``)."""
+        return f"id IN ({inner_sql})"
+
+    def probe_template(self) -> str | None:
+        """The template of the EXISTS that tests one waiting unit's source row (None:
+        Django's own)."""
+        return None
+
+    def json_append(self, column: str) -> str:
+        """SQL of JSON list ``column`` with one more text element, the parameter ``%s``."""
+        raise self.unsupported("appending to a JSON list")
+
+    def json_drop_last(self) -> str:
+        """A ``Func`` template: its JSON list expression without the last element."""
+        raise self.unsupported("removing from a JSON list")
+
+    def json_last(self, key: str) -> str:
+        """A ``Func`` template: ``key`` of the last element of a JSON list expression."""
+        raise self.unsupported("reading a JSON list")
+
+    def values_source(self, connection: BaseDatabaseWrapper, columns: Sequence[Any],
+                      rows: Sequence[Sequence[Any]]) -> tuple[tuple[str, list[Any]],
+                                                                tuple[str, list[Any]]]:
+        """Rows ``v(columns...)`` to ``UPDATE ... FROM``: a WITH clause and what to select
+        them FROM, each with its parameters; ``columns``: model fields, ``rows``: Python
+        values in their order."""
+        params: list[Any] = []
+        for row in rows:
+            params += [f.get_db_prep_save(value, connection) for f, value in zip(columns, row,
+                                                                                 strict=True)]
+        names = ", ".join(f.column for f in columns)
+        marks = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
+        return (f"WITH v ({names}) AS (VALUES {marks}) ", params), ("v", [])
+
+    def json_rows_insert(self, head: str, columns: Sequence[Any], per_row: dict[str, int],
+                         connection: BaseDatabaseWrapper) -> str | None:
+        """An INSERT (``head`` names ``columns``, model fields) that takes the values every
+        row shares as parameters, then the per-row values as one JSON list of lists
+        (``per_row``: field name -> its place in a row's list); None: rows go as one
+        parameter list each."""
+        return None
+
+    # ----- wake-ups ---------------------------------------------------------------------
+
+    def notify(self, connection: BaseDatabaseWrapper, channel: str, what: str) -> None:
+        """Announce ``what`` on ``channel`` when the current transaction commits."""
+
+    def commit_counter(self, connection: BaseDatabaseWrapper) -> int | None:
+        """A number that changes when another connection commits (None: unknown)."""
+        return None
+
+    # ----- progress ---------------------------------------------------------------------
+
+    def unsupported(self, what: str) -> NotSupportedError:
+        return NotSupportedError(
+            f"django-dbworker has no engine for the database vendor {self.vendor!r} "
+            f"({what}); it runs on {', '.join(sorted(supported()))}.")
+
+
+class Unsupported(Engine):
+    """A database we have no engine for: refused by a system check (E012), and by every
+    statement that would need it."""
+
+    def __init__(self, vendor: str) -> None:
+        self.vendor = vendor  # type: ignore[misc]
+
+
+def supported() -> list[str]:
+    from . import ENGINES
+
+    return list(ENGINES)

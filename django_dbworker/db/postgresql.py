@@ -1,0 +1,329 @@
+"""PostgreSQL (psycopg 3): the production engine.
+
+Round trips are what a unit costs here, so statements travel together where psycopg's
+client-side binding lets several go in one query (BEGIN with the first read, COMMIT with
+the completion, ``SET LOCAL synchronous_commit`` with a status statement), a runworkers
+child prepares its per-unit statements (``prepared``), enqueue_many pipelines its inserts,
+and idle supervisors are woken by NOTIFY.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.db import DatabaseError, DataError
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import JSONField
+
+from .. import conf
+from . import prepared
+from .engine import Engine, TransactionEnded
+
+#: The end of a row completion's WHERE: no WAL flush at COMMIT for a transaction that wrote
+#: nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a transaction
+#: writes; ``set_config(..., true)`` is ``SET LOCAL``). An uncorrelated subquery, so the
+#: server evaluates it once, before the UPDATE changes its row (which assigns the
+#: transaction an id); always true.
+STATUS_ONLY = (" AND (SELECT count(*) FROM (SELECT set_config('synchronous_commit', 'off', "
+               "true) WHERE pg_current_xact_id_if_assigned() IS NULL) AS status_only) >= 0")
+ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
+
+#: What the committing completion fails with when it must not commit (the server's log
+#: shows them as "invalid input syntax for type integer"). SQL string literals: no quotes.
+_NOT_CURRENT = "dbworker: the claim is no longer current, nothing committed"
+_ENDED = "dbworker: the transaction of the handler ended before its completion"
+
+
+class PostgreSQL(Engine):
+    vendor = "postgresql"
+    notifies: ClassVar[bool] = True
+    marker_sql: ClassVar[str | None] = "transaction_timestamp()"
+
+    # ----- connections ------------------------------------------------------------------
+
+    def own_process(self, connection: BaseDatabaseWrapper, *, runs_units: bool = False) -> None:
+        if runs_units:
+            prepared.activate()
+
+    def session_lost(self, exc: BaseException) -> bool:
+        return prepared.lost(exc)
+
+    def set_table_storage(self, schema_editor: Any, tables: Sequence[str],
+                          parameters: dict[str, Any]) -> None:
+        settings = ", ".join(f"{name} = {value}" for name, value in parameters.items())
+        for table in tables:
+            schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} "
+                                  f"SET ({settings})")
+
+    def reset_table_storage(self, schema_editor: Any, tables: Sequence[str],
+                            parameters: dict[str, Any]) -> None:
+        for table in tables:
+            schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} "
+                                  f"RESET ({', '.join(parameters)})")
+
+    # ----- statements -------------------------------------------------------------------
+
+    def one_statement(self, connection: BaseDatabaseWrapper) -> Any:
+        """None of its own outside a transaction: autocommit commits it, and saves BEGIN
+        and COMMIT round trips."""
+        if connection.get_autocommit():
+            return contextlib.nullcontext()
+        return super().one_statement(connection)
+
+    def execute_status(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+        """With ``DBWORKER["ASYNC_COMMIT"]`` its transaction does not wait for the WAL flush
+        (an fsync, the most part of a one-row transaction's time): ``SET LOCAL
+        synchronous_commit = off`` goes in the same query (one round trip; client-side
+        binding sends it with the simple protocol, which runs both in one transaction,
+        the caller's or an implicit one). Later synchronous commits flush it anyway: WAL
+        is written in order. With server-side binding the statement runs as it is."""
+        with prepared.recovering(cursor.db):
+            if conf.get().ASYNC_COMMIT and binds_on_client(cursor.db):
+                cursor.execute(f"{ASYNC_COMMIT}; {sql}", params)
+                cursor.nextset()
+            else:
+                cursor.execute(sql, params)
+
+    def execute_completion(self, cursor: Any, sql: str, params: Sequence[Any],
+                           then: str = "") -> None:
+        """Prepared where ``prepared`` may; ``then`` (COMMIT) in the same query."""
+        sql = prepared.query(cursor, sql)
+        with prepared.recovering(cursor.db):
+            cursor.execute(sql + (f"; {then}" if then else ""), params)
+
+    def completion_tail(self, connection: BaseDatabaseWrapper) -> str:
+        """``STATUS_ONLY`` with ``DBWORKER["ASYNC_COMMIT"]`` and client-side binding: a
+        transaction in which nothing was written before the completion (the handler wrote
+        nothing, or ran before it: ``transactional=False``) commits without waiting for
+        the WAL flush, as a task's completion does: a database crash may lose the status
+        and the unit runs again; it never loses a write of the handler's."""
+        return STATUS_ONLY if conf.get().ASYNC_COMMIT and binds_on_client(connection) else ""
+
+    def read(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
+             first: bool = False) -> list[tuple[Any, ...]]:
+        """Prepared where ``prepared`` may; ``first``: with the transaction's BEGIN in the
+        same query (``execute_first``)."""
+        with connection.cursor() as cursor:
+            if first:
+                execute_first(cursor, sql, params, prepare=True)
+            else:
+                with prepared.recovering(cursor.db):
+                    cursor.execute(prepared.query(cursor, sql), params)
+            return cursor.fetchall()
+
+    @contextlib.contextmanager
+    def pipelined(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
+        """psycopg 3's pipeline mode, with a libpq that has it. ``execute()`` then returns
+        once the statement is sent: the server runs it while Python builds the next. An
+        error is raised by a later ``execute()`` or when the block ends, and the statements
+        after the failing one are not run; the caller's ``transaction.atomic()`` around the
+        block then rolls all of them back."""
+        connection.ensure_connection()
+        raw = connection.connection
+        try:
+            import psycopg
+            from psycopg import Pipeline
+        except ImportError:  # psycopg2
+            yield
+            return
+        if not Pipeline.is_supported() or not isinstance(raw, psycopg.Connection):
+            yield
+            return
+        # An error the pipeline's end fetches comes from psycopg, not from Django's cursor:
+        # raised as Django's own (IntegrityError, ...), as errors from execute() are.
+        with connection.wrap_database_errors, raw.pipeline():
+            yield
+
+    # ----- the transaction of a transactional handler ----------------------------------
+
+    def transaction_marker(self, connection: BaseDatabaseWrapper) -> Any:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {self.marker_sql}")
+            return cursor.fetchone()[0]
+
+    def complete(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
+                 check: Any = None, final: bool = False) -> int:
+        """The marker is read by the completion itself (``RETURNING``), so an UPDATE run in
+        whatever transaction the handler left is rolled back with it; with ``final`` and
+        client-side binding, the completion COMMITs in the same query."""
+        if check is None or check.begun is None:
+            return super().complete(connection, sql, params,
+                                    check=check if check is not None else None)
+        if final and binds_on_client(connection):
+            return self._complete_and_commit(connection, sql, params, check.begun)
+        with connection.cursor() as cursor:
+            self.execute_completion(cursor, f"{sql} RETURNING {self.marker_sql}", params)
+            rows = cursor.fetchall()
+        if rows and not check.unchanged(rows[0][0]):
+            raise TransactionEnded
+        return len(rows)
+
+    def _complete_and_commit(self, connection: BaseDatabaseWrapper, sql: str,
+                             params: Sequence[Any], begun: datetime) -> int:
+        """The completion, then COMMIT, in one query: the last statement of a transactional
+        handler's transaction, a round trip less per unit. COMMIT runs only if the UPDATE
+        changed the unit and the transaction is still the one begun (``begun``); otherwise
+        the query fails before COMMIT and the transaction is left aborted for the caller to
+        roll back: 0 when the claim is not current, ``TransactionEnded`` when the handler
+        ended the transaction. A failed COMMIT (a deferred constraint) raises as
+        ``commit()`` would."""
+        guarded = (
+            f"WITH done AS ({sql} RETURNING 1) SELECT CASE "
+            # Not constants (STABLE functions, an aggregate), so not evaluated at plan time.
+            f"WHEN transaction_timestamp() <> %s THEN CAST('{_ENDED} ' || "
+            "transaction_timestamp() AS integer) "
+            f"WHEN count(*) = 0 THEN CAST('{_NOT_CURRENT} ' || count(*) AS integer) END "
+            "FROM done"
+        )
+        with connection.cursor() as cursor:
+            try:
+                self.execute_completion(cursor, guarded, [*params, begun], then="COMMIT")
+            except DataError as exc:
+                if _NOT_CURRENT in str(exc):
+                    return 0
+                if _ENDED in str(exc):
+                    raise TransactionEnded from None
+                raise
+        return 1
+
+    # ----- SQL fragments ----------------------------------------------------------------
+
+    def pick(self, inner_sql: str, table: str, index: str) -> str:
+        # The candidates are picked once (an InitPlan), then updated by primary key. With
+        # ``id IN (...)`` the planner may join instead: a sequential scan of the whole table
+        # for a small one, and a join may run a LIMIT ... SKIP LOCKED subquery again.
+        return f"id = ANY(ARRAY({inner_sql}))"
+
+    def probe_template(self) -> str | None:
+        # A plain EXISTS becomes a semi-join; when the claim must look at every waiting unit
+        # the planner may then hash the whole source table instead of probing it once per
+        # unit. ``OFFSET 0`` is PostgreSQL's traditional optimisation fence.
+        return "EXISTS(%(subquery)s OFFSET 0)"
+
+    def json_append(self, column: str) -> str:
+        return f"{column} || jsonb_build_array(%s::text)"
+
+    def json_drop_last(self) -> str:
+        return "(%(expressions)s - (-1))"
+
+    def json_last(self, key: str) -> str:
+        return f"((%(expressions)s) -> -1 ->> '{key}')"
+
+    def values_source(self, connection: BaseDatabaseWrapper, columns: Sequence[Any],
+                      rows: Sequence[Sequence[Any]]) -> tuple[tuple[str, list[Any]],
+                                                                tuple[str, list[Any]]]:
+        """One JSON parameter read by ``jsonb_to_recordset``, so the statement's text is
+        the same for any number of rows (psycopg's client-side binding parses a statement
+        with hundreds of placeholders anew every time: about a millisecond for 17 tasks).
+        A JSON null is SQL NULL there, as ``JSONField`` stores None."""
+        records = [{f.column: _jsonable(value) for f, value in zip(columns, row, strict=True)}
+                   for row in rows]
+        types = ", ".join(f"{f.column} {f.cast_db_type(connection)}" for f in columns)
+        return ("", []), (f"jsonb_to_recordset(%s::jsonb) AS v ({types})",
+                          [json.dumps(records, allow_nan=False)])
+
+    def json_rows_insert(self, head: str, columns: Sequence[Any], per_row: dict[str, int],
+                         connection: BaseDatabaseWrapper) -> str | None:
+        """``INSERT ... SELECT ... FROM jsonb_array_elements(payload) e``: the per-row values
+        travel as one JSON parameter (cheap to send); every value is typed, as the SELECT
+        list gives the INSERT no column types to infer."""
+        def value(f: Any) -> str:
+            if f.name not in per_row:
+                return f"%s::{f.db_type(connection)}"
+            if isinstance(f, JSONField):
+                return f"e->{per_row[f.name]}"
+            return f"(e->>{per_row[f.name]})::{f.db_type(connection)}"
+
+        select = ", ".join(value(f) for f in columns)
+        return f"{head} SELECT {select} FROM jsonb_array_elements(%s::jsonb) e"
+
+    # ----- wake-ups ---------------------------------------------------------------------
+
+    def notify(self, connection: BaseDatabaseWrapper, channel: str, what: str) -> None:
+        """Delivered when (and only if) the writer's transaction commits."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, what])
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def binds_on_client(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the cursors of ``connection`` (open) are psycopg 3's with client-side binding
+    (Django's default): their queries go with the simple protocol, so one query may hold
+    several statements. Not with Django's ``"server_side_binding": True``, nor psycopg2
+    (no ``nextset()`` to reach a statement's result)."""
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    factory = getattr(connection.connection, "cursor_factory", None)
+    return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)
+
+
+def execute_first(cursor: Any, sql: str, params: Sequence[Any], *,
+                  prepare: bool = False) -> None:
+    """Execute ``sql`` as the first statement of the transaction ``transaction.atomic()``
+    just opened; the cursor is left at its result.
+
+    psycopg sends a transaction's BEGIN in a round trip of its own before the first
+    statement. With client-side binding it goes in the same query here (one round trip;
+    BEGIN as psycopg words it, with the connection's isolation level): a transactional
+    handler starts a round trip sooner, the most part of a millisecond when the database
+    was idle. Anywhere else, or when the transaction has begun, ``sql`` runs as it is.
+
+    ``prepare``: as a prepared statement where ``prepared`` may. Statements waiting to be
+    prepared are prepared first, before the transaction begins; if the session lost the
+    statement (``prepared.lost``), the transaction, which has run nothing else, is rolled
+    back and begun again with ``sql`` unprepared.
+    """
+    raw = _beginning(cursor)
+    if raw is None:
+        run = prepared.query(cursor, sql) if prepare else sql
+        with prepared.recovering(cursor.db):
+            cursor.execute(run, params)
+        return
+    begin = raw._get_tx_start_command().decode()
+    raw._autocommit = True  # for this query only: psycopg would send its own BEGIN first
+    try:
+        run = prepared.query(cursor, sql) if prepare else sql
+        try:
+            with prepared.recovering(cursor.db):
+                cursor.execute(f"{begin}; {run}", params)
+        except DatabaseError as exc:
+            if run is sql or not prepared.lost(exc):
+                raise
+            raw.rollback()
+            cursor.execute(f"{begin}; {sql}", params)
+    finally:
+        raw._autocommit = False
+    cursor.nextset()
+
+
+def _beginning(cursor: Any) -> Any:
+    """The psycopg connection under ``cursor`` if its transaction is due to begin with the
+    next statement (out of autocommit, nothing sent yet, no pipeline); else None. psycopg's
+    private ``_autocommit`` and ``_get_tx_start_command`` are looked for, not assumed."""
+    if not binds_on_client(cursor.db):
+        return None
+    from psycopg.pq import TransactionStatus
+
+    raw = cursor.db.connection
+    if (raw is None or raw.autocommit or getattr(raw, "_pipeline", None) is not None
+            or raw.pgconn.transaction_status != TransactionStatus.IDLE
+            or not isinstance(getattr(raw, "_autocommit", None), bool)
+            or not callable(getattr(raw, "_get_tx_start_command", None))):
+        return None
+    return raw

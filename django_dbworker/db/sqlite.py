@@ -1,0 +1,202 @@
+"""SQLite (a file in WAL mode): the embedded engine.
+
+One writer at a time: our processes take the write lock when a transaction begins (BEGIN
+IMMEDIATE) and wait for it in short steps; a unit's own statements run on the ``sqlite3``
+connection directly where nothing could tell (``direct``); idle supervisors watch
+``PRAGMA data_version`` instead of being notified.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from typing import Any, ClassVar
+
+from django.core.checks import CheckMessage, Warning
+from django.db import OperationalError
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .. import conf
+from . import direct
+from .engine import Engine, TransactionEnded
+
+#: Seconds between the tries of a SQLite write lock that was busy, before waiting for it
+#: the way SQLite does (about 20 ms in all).
+_PAUSES = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, *(0.001,) * 19)
+
+
+class SQLite(Engine):
+    vendor = "sqlite"
+    # A running transactional handler holds the only write lock from BEGIN to COMMIT, so
+    # renewals wait behind it and a lease may lapse while its supervisor is well; nobody
+    # can take a unit over meanwhile either (a reap needs the same lock and changes the
+    # token, which the record checks).
+    checks_lease_on_record: ClassVar[bool] = False
+    watches_commits: ClassVar[bool] = True
+    progress_in_handler_transaction: ClassVar[bool] = True
+
+    # ----- connections ------------------------------------------------------------------
+
+    def on_connection_created(self, connection: BaseDatabaseWrapper) -> None:
+        """WAL and a busy timeout for every connection to our database file."""
+        if connection.is_in_memory_db():
+            return
+        timeout_ms = int(conf.get().SQLITE_BUSY_TIMEOUT * 1000)
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {timeout_ms}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+
+    def know_features(self, connection: BaseDatabaseWrapper) -> None:
+        """Tell Django whether SQLite has JSON support before it asks the database.
+
+        Django probes inside ``transaction.atomic()``; under ``transaction_mode='IMMEDIATE'``
+        that BEGIN waits for the write lock, which a running transactional handler holds for
+        its whole run. The system checks of every management command (a second
+        ``runworkers`` too) would wait out the busy timeout, then call JSONField unsupported
+        (fields.E180) and refuse to start while any handler runs. The answer depends only
+        on the SQLite library, so an in-memory database gives it without touching the file.
+        """
+        if "supports_json_field" in vars(connection.features):
+            return
+        try:
+            with closing(sqlite3.connect(":memory:")) as probe:
+                probe.execute("""SELECT JSON('{"a": "b"}')""")
+        except sqlite3.OperationalError:
+            supported = False
+        else:
+            supported = True
+        connection.features.supports_json_field = supported
+
+    def own_process(self, connection: BaseDatabaseWrapper, *, runs_units: bool = False) -> None:
+        """Transactions take the write lock when they begin, and wait for it in short steps
+        first (``with_short_waits``).
+
+        A deferred transaction that reads and then writes fails at once with "database is
+        locked" when another process wrote meanwhile; an immediate one waits its turn.
+        """
+        connection.settings_dict.setdefault("OPTIONS", {})["transaction_mode"] = "IMMEDIATE"
+        connection.transaction_mode = "IMMEDIATE"
+        if getattr(connection, "_dbworker_short_waits", False):
+            return
+        begin = connection._start_transaction_under_autocommit
+
+        def begin_now() -> None:
+            raw = direct.connection_for(connection)
+            if raw is None:
+                return begin()
+            mode = connection.transaction_mode
+            direct.execute(connection, raw, "BEGIN" if mode is None else f"BEGIN {mode}", ())
+
+        connection._start_transaction_under_autocommit = (  # type: ignore[method-assign]
+            lambda: with_short_waits(connection, begin_now))
+        connection._dbworker_short_waits = True
+
+    def in_memory(self, connection: BaseDatabaseWrapper) -> bool:
+        return connection.is_in_memory_db()
+
+    def setting_checks(self, alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
+        mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
+        if (mode or "").upper() == "IMMEDIATE":
+            return []
+        return [Warning(
+            f"DATABASES[{alias!r}] is SQLite without transaction_mode "
+            "'IMMEDIATE': your web processes may see 'database is locked' when they write "
+            "while runworkers does (runworkers itself always uses IMMEDIATE).",
+            hint="Add 'OPTIONS': {'transaction_mode': 'IMMEDIATE'} to the database.",
+            id="django_dbworker.W001",
+        )]
+
+    # ----- statements -------------------------------------------------------------------
+
+    def execute_status(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+        self._execute(cursor, sql, params)
+
+    def execute_completion(self, cursor: Any, sql: str, params: Sequence[Any],
+                           then: str = "") -> None:
+        self._execute(cursor, sql + (f"; {then}" if then else ""), params)
+
+    def _execute(self, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+        """In autocommit, in our own processes: with short waits for the write lock."""
+        if cursor.db.get_autocommit() and getattr(cursor.db, "_dbworker_short_waits", False):
+            with_short_waits(cursor.db, lambda: cursor.execute(sql, params))
+        else:
+            cursor.execute(sql, params)
+
+    def read(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
+             first: bool = False) -> list[tuple[Any, ...]]:
+        raw = direct.connection_for(connection)
+        if raw is not None:
+            return direct.execute(connection, raw, sql, params).fetchall()
+        return super().read(connection, sql, params, first=first)
+
+    # ----- the transaction of a transactional handler ----------------------------------
+
+    def transaction_marker(self, connection: BaseDatabaseWrapper) -> Any:
+        """Whether a transaction is open: after a COMMIT through a cursor, the completion
+        UPDATE would run and commit on its own. It costs nothing."""
+        raw = connection.connection
+        return None if raw is None or not raw.in_transaction else "in-transaction"
+
+    def complete(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
+                 check: Any = None, final: bool = False) -> int:
+        """In the handler's transaction (which holds the write lock), on the ``sqlite3``
+        connection directly (``direct``)."""
+        if check is not None and not check.unchanged():
+            raise TransactionEnded
+        raw = direct.connection_for(connection) if connection.in_atomic_block else None
+        if raw is not None:
+            return direct.execute(connection, raw, sql, params).rowcount
+        return super().complete(connection, sql, params)
+
+    # ----- SQL fragments ----------------------------------------------------------------
+
+    def pick(self, inner_sql: str, table: str, index: str) -> str:
+        # Statistics (ANALYZE, PRAGMA optimize) of a table whose units are all waiting make
+        # SQLite scan and sort the whole table for LIMIT 1 or 2: name the index.
+        inner_sql = inner_sql.replace(f"FROM {table} ", f"FROM {table} INDEXED BY {index} ", 1)
+        return f"id IN ({inner_sql})"
+
+    def json_append(self, column: str) -> str:
+        return f"json_insert({column}, '$[#]', %s)"
+
+    def json_drop_last(self) -> str:
+        return "json_remove(%(expressions)s, '$[#-1]')"
+
+    def json_last(self, key: str) -> str:
+        return f"json_extract(%(expressions)s, '$[#-1].{key}')"
+
+    # ----- wake-ups ---------------------------------------------------------------------
+
+    def commit_counter(self, connection: BaseDatabaseWrapper) -> int | None:
+        """``PRAGMA data_version``: from shared memory, for a few microseconds, on the
+        sqlite3 connection itself (Django's cursor costs ten times the PRAGMA)."""
+        connection.ensure_connection()
+        return connection.connection.execute("PRAGMA data_version").fetchone()[0]
+
+
+def with_short_waits(connection: Any, attempt: Callable[[], Any]) -> Any:
+    """Run ``attempt`` (a BEGIN IMMEDIATE, or a write in autocommit); while the write lock
+    is busy, try again after tens of microseconds, then after a millisecond.
+
+    SQLite's own busy handler (``busy_timeout``) sleeps 1, 2, 5, 10 ms ... between tries: a
+    supervisor and its children, which take the write lock for a fraction of a
+    millisecond each, spent most of their time asleep in it while it was free. Our own
+    tries go first, with the busy timeout off; then ``attempt`` waits as SQLite does."""
+    raw = connection.connection
+    if raw is None:
+        return attempt()
+    raw.execute("PRAGMA busy_timeout = 0")
+    try:
+        for pause in _PAUSES:
+            try:
+                return attempt()
+            except (sqlite3.OperationalError, OperationalError) as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+            time.sleep(pause)
+    finally:
+        raw.execute(f"PRAGMA busy_timeout = {int(conf.get().SQLITE_BUSY_TIMEOUT * 1000)}")
+    return attempt()
