@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,12 +26,8 @@ from django.utils.inspect import get_func_args, is_module_level_function
 from . import conf
 from .exceptions import InvalidTaskArguments
 from .tasks import registry as task_registry
+from .tasks.rates import parse_rate
 
-RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*([smhd])\s*$")
-RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-#: A rate counts at most this many starts per period, over at most a year.
-MAX_RATE_COUNT = 1_000_000_000
-MAX_RATE_PERIOD = conf.MAX_SECONDS
 #: A retry delay grows at most by this factor per attempt (``delay * factor ** n`` is a float:
 #: the retry delay is capped by ``retry_max_delay``, and this keeps the power finite).
 MAX_BACKOFF_FACTOR = 1000.0
@@ -44,21 +39,6 @@ MAX_QUEUE_NAME_LENGTH = 100
 BACKEND_OPTIONS = {"ENQUEUE_ON_COMMIT": bool}
 
 type Callback = Callable[..., Any] | str | None
-
-
-def parse_rate(rate: str) -> tuple[float, float]:
-    """``"10/s"`` -> (10 starts, per 1 second); ``"100/5m"`` -> (100, 300)."""
-    match = RATE_RE.match(rate) if isinstance(rate, str) else None
-    if match:
-        count = float(match[1])
-        period = float(match[2] or 1) * RATE_UNITS[match[3]]
-        if 0 < count <= MAX_RATE_COUNT and 0 < period <= MAX_RATE_PERIOD:
-            return count, period
-    raise ValueError(
-        f"rate {rate!r} is not a rate; write it as COUNT/UNIT, e.g. '10/s', '100/m', "
-        "'1000/h' or '5/10s' (a COUNT greater than 0 and at most 1,000,000,000, a period "
-        "greater than 0 and at most 365d)."
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

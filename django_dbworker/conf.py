@@ -12,6 +12,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
+from .tasks.rates import parse_rate
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
@@ -133,8 +135,6 @@ def _check(key: str, value: Any) -> None:
     if key == "RETENTION" and isinstance(value, timedelta):
         value = value.total_seconds()
     if key == "TASK_RATE_LIMIT":
-        from .backend import parse_rate
-
         try:
             parse_rate(value)
         except ValueError as exc:

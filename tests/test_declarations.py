@@ -489,3 +489,9 @@ def test_a_failing_prune_is_logged_once_per_interval(monkeypatch, caplog):
         work._prune()  # within the interval: not logged again
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prune_failed")]
     assert len(lines) == 1 and "RuntimeError: decl prune broke" in lines[0], lines
+
+
+def test_a_rates_longest_period_is_the_longest_duration_of_the_settings():
+    from django_dbworker.tasks import rates
+
+    assert rates.MAX_RATE_PERIOD == dbconf.MAX_SECONDS

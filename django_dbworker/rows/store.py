@@ -393,7 +393,7 @@ def release(c: Claim, *, crashed: FailureInfo | None, max_crashes: int) -> int:
             state=State.FAILED, crashes=F("crashes") + 1, finished_at=now, **back
         )
         if failed:
-            _record(c.execution_id, c.attempt, _too_many(crashed, max_crashes), now, using)
+            _record(c.execution_id, c.attempt, too_many_crashes(crashed, max_crashes), now, using)
             return failed
         return qs.update(state=State.UNFINISHED, crashes=F("crashes") + 1, **back)
 
@@ -431,7 +431,7 @@ def by_tokens(claims: list[Any]) -> Q:
     return owned
 
 
-def _too_many(crashed: FailureInfo, max_crashes: int) -> FailureInfo:
+def too_many_crashes(crashed: FailureInfo, max_crashes: int) -> FailureInfo:
     return FailureInfo(
         crashed.exception_class,
         f"{crashed.message}; this unit has now lost its process {max_crashes} time(s) "

@@ -15,8 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import conf
-from ..backend import parse_rate
 from ..models import RateBucket
+from .rates import parse_rate
 
 
 @dataclass

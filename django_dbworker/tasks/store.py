@@ -341,9 +341,9 @@ def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> i
         if crashed is None:
             return qs.update(status=TaskStatus.READY, **back)
         if qs.filter(crashes__gte=max_crashes - 1).exists():
-            from ..rows.store import _too_many
+            from ..rows.store import too_many_crashes
 
-            return fail_attempt(c, _too_many(crashed, max_crashes), retry_at=None)
+            return fail_attempt(c, too_many_crashes(crashed, max_crashes), retry_at=None)
         row = qs.select_for_update().values("errors").first()
         if row is None:
             return 0
