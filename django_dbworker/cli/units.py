@@ -14,10 +14,9 @@ from ..rows import keys
 from . import OperationError
 
 #: Keys of schema version 1 that have a new name, kept beside it until version 2
-#: (docs/cli.md): an execution's ``status`` (now ``execution_status``) and an error's ``at``
-#: (now ``occurred_at``). Human tables leave them out.
+#: (docs/cli.md): an execution's ``status`` (now ``execution_status``); an error's ``at``
+#: (now ``occurred_at``) is added by ``_alias_errors``. Human tables leave them out.
 EXECUTION_ALIASES = ("status",)
-ERROR_ALIASES = ("at",)
 
 
 def execution(e: Execution, *, traceback: bool = True) -> dict[str, Any]:
