@@ -112,9 +112,13 @@ class DBWorkerBackend(BaseTaskBackend):
     """
 
     task_class = DBWorkerTask
+    # run_after is kept in the row; the task is not claimed before it (available_at).
     supports_defer = True
+    # Coroutine functions run to completion in the child process (Task.call, async_to_sync).
     supports_async_task = True
+    # get_result() reads the task's row from any thread or process, until it is pruned.
     supports_get_result = True
+    # Claims take the highest priority first, then the longest available (claim index).
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:

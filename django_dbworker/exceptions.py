@@ -44,10 +44,6 @@ class ChildProcessDied(DBWorkerError):
     """The process running a unit died (killed, crashed, out of memory)."""
 
 
-class SourceRowMissing(DBWorkerError):
-    """The source row of a claimed unit was deleted; its execution is removed."""
-
-
 class UnknownTask(DBWorkerError):
     """A task row names a function that is not a ``django.tasks`` task of an installed app."""
 

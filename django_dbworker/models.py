@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 
 class ExecutionStatus(models.TextChoices):
@@ -35,6 +38,42 @@ class State(models.TextChoices):
 
 #: States from which a unit may be claimed.
 CLAIMABLE = (State.PENDING, State.UNFINISHED)
+
+
+def _in(states: Iterable[str], field: str) -> Q:
+    """``field IN ('A', 'B')`` with the names written into the SQL, as the claim queries
+    write them, so that a partial index on the same states matches (``rows.queries``)."""
+    from .rows.queries import in_states
+
+    return in_states(states, field)
+
+
+class ExecutionQuerySet(models.QuerySet["Execution"]):
+    """The status filters of executions, each in the form its partial index matches."""
+
+    def pending(self) -> ExecutionQuerySet:
+        """Never claimed yet; to users these have no status."""
+        return self.filter(_in([State.PENDING], "state"))
+
+    def claimable(self, now: datetime | None = None) -> ExecutionQuerySet:
+        """Waiting for a claim (PENDING or UNFINISHED, the ``dbworker_execution_claimable``
+        index); with ``now``, only those whose ``available_at`` has come by then."""
+        qs = self.filter(_in(CLAIMABLE, "state"))
+        return qs if now is None else qs.filter(available_at__lte=now)
+
+    def working(self) -> ExecutionQuerySet:
+        """Claimed and running now (the ``dbworker_execution_working`` index)."""
+        return self.filter(_in([State.WORKING], "state"))
+
+    def unfinished(self) -> ExecutionQuerySet:
+        return self.filter(_in([State.UNFINISHED], "state"))
+
+    def finished(self) -> ExecutionQuerySet:
+        return self.filter(_in([State.FINISHED], "state"))
+
+    def failed(self) -> ExecutionQuerySet:
+        """FAILED for good: not offered again until a reset or retry."""
+        return self.filter(_in([State.FAILED], "state"))
 
 
 class Execution(models.Model):
@@ -69,6 +108,8 @@ class Execution(models.Model):
     progress = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=255, blank=True, default="")
 
+    objects = ExecutionQuerySet.as_manager()
+
     class Meta:
         constraints = [
             models.UniqueConstraint(
@@ -98,6 +139,53 @@ class Execution(models.Model):
     def status(self) -> ExecutionStatus | None:
         return None if self.state == State.PENDING else ExecutionStatus(self.state)
 
+    def as_dict(self, *, traceback: bool = True) -> dict[str, Any]:
+        """The execution as one JSON-ready mapping: ``state()``, the CLI and the API all
+        show this one (keys: ``EXECUTION_KEYS``, documented in docs/cli.md). Reads its
+        failures (prefetch ``failures`` for many)."""
+        errors = [f.as_dict(traceback=traceback) for f in self.failures.all()]
+        return {
+            "kind": "execution", "id": self.pk, "worker": self.worker,
+            "source_id": self.source_id, "execution_status": self.status,
+            "attempts": self.attempts, "crashes": self.crashes,
+            "created_at": self.created_at, "available_at": self.available_at,
+            "started_at": self.started_at, "finished_at": self.finished_at,
+            "lease_expires_at": self.lease_expires_at,
+            "claimed_host": self.claimed_host or None, "claimed_pid": self.claimed_pid,
+            "supervisor_id": self.supervisor_id, "progress": self.progress,
+            "progress_message": self.progress_message,
+            "error": errors[-1] if self.state == State.FAILED and errors else None,
+            "errors": errors,
+        }
+
+
+#: The keys of ``Execution.as_dict()``, in order.
+EXECUTION_KEYS = (
+    "kind", "id", "worker", "source_id", "execution_status", "attempts", "crashes",
+    "created_at", "available_at", "started_at", "finished_at", "lease_expires_at",
+    "claimed_host", "claimed_pid", "supervisor_id", "progress", "progress_message", "error",
+    "errors",
+)
+
+
+def no_execution(worker: str, source_id: Any) -> dict[str, Any]:
+    """``Execution.as_dict()``'s shape for a row no execution exists for (yet)."""
+    return {**dict.fromkeys(EXECUTION_KEYS), "kind": "execution", "worker": worker,
+            "source_id": source_id, "attempts": 0, "crashes": 0, "progress_message": "",
+            "errors": []}
+
+
+#: The keys of one failed attempt (``failure_dict``), in order.
+FAILURE_KEYS = ("attempt", "exception_class", "message", "traceback", "occurred_at")
+
+
+def failure_dict(*, attempt: int | None, exception_class: str, message: str,
+                 traceback: str | None, occurred_at: datetime | str | None) -> dict[str, Any]:
+    """One failed attempt, the same shape wherever it is shown: an execution's ``Failure``
+    rows and a task row's stored ``errors`` entries both come out as this."""
+    return {"attempt": attempt, "exception_class": exception_class, "message": message,
+            "traceback": traceback, "occurred_at": occurred_at}
+
 
 class Failure(models.Model):
     """One failed attempt of an execution: the data a person needs to fix it."""
@@ -117,14 +205,12 @@ class Failure(models.Model):
     def __str__(self) -> str:
         return f"{self.exception_class}: {self.message[:80]}"
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "attempt": self.attempt,
-            "exception_class": self.exception_class,
-            "message": self.message,
-            "traceback": self.traceback,
-            "occurred_at": self.occurred_at,
-        }
+    def as_dict(self, *, traceback: bool = True) -> dict[str, Any]:
+        """``failure_dict`` of this row; ``traceback=False`` leaves the traceback out (None)."""
+        return failure_dict(attempt=self.attempt, exception_class=self.exception_class,
+                            message=self.message,
+                            traceback=self.traceback if traceback else None,
+                            occurred_at=self.occurred_at)
 
 
 class TaskStatus(models.TextChoices):
@@ -142,6 +228,34 @@ class TaskStatus(models.TextChoices):
 
 TASK_CLAIMABLE = (TaskStatus.READY, TaskStatus.RETRYING)
 TASK_FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+class TaskRecordQuerySet(models.QuerySet["TaskRecord"]):
+    """The status filters of tasks, each in the form its partial index matches."""
+
+    def ready(self, now: datetime | None = None) -> TaskRecordQuerySet:
+        """Waiting for a claim (READY or RETRYING, the ``dbworker_task_claimable`` indexes);
+        with ``now``, only those whose ``available_at`` has come by then."""
+        qs = self.filter(_in(TASK_CLAIMABLE, "status"))
+        return qs if now is None else qs.filter(available_at__lte=now)
+
+    def running(self) -> TaskRecordQuerySet:
+        """Claimed and running now (the ``dbworker_task_running`` index)."""
+        return self.filter(_in([TaskStatus.RUNNING], "status"))
+
+    def finished(self) -> TaskRecordQuerySet:
+        """SUCCESSFUL, FAILED or CANCELLED (the ``dbworker_task_finished`` index)."""
+        return self.filter(_in(TASK_FINISHED, "status"))
+
+    def successful(self) -> TaskRecordQuerySet:
+        return self.filter(_in([TaskStatus.SUCCESSFUL], "status"))
+
+    def failed(self) -> TaskRecordQuerySet:
+        """FAILED for good (after its retries): not run again until a retry."""
+        return self.filter(_in([TaskStatus.FAILED], "status"))
+
+    def cancelled(self) -> TaskRecordQuerySet:
+        return self.filter(_in([TaskStatus.CANCELLED], "status"))
 
 
 class TaskRecord(models.Model):
@@ -184,6 +298,8 @@ class TaskRecord(models.Model):
     claimed_host = models.CharField(max_length=255, blank=True, default="")
     claimed_pid = models.IntegerField(null=True, blank=True)
 
+    objects = TaskRecordQuerySet.as_manager()
+
     class Meta:
         verbose_name = "task"
         constraints = [
@@ -220,6 +336,65 @@ class TaskRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path} {self.status}"
+
+    def failure_dicts(self, *, traceback: bool = True) -> list[dict[str, Any]]:
+        """The stored ``errors`` as ``failure_dict``s, oldest first. The row keeps its own
+        keys (``exception_class_path``, ``at``: stored data, never rewritten); this is where
+        they become the shared ones."""
+        stored = self.errors
+        errors = stored if isinstance(stored, list) else [] if stored is None else [stored]
+        return [_stored_failure(e, traceback) for e in errors]
+
+    def as_dict(self, *, traceback: bool = True) -> dict[str, Any]:
+        """The task as one JSON-ready mapping (keys: ``TASK_KEYS``, docs/cli.md)."""
+        errors = self.failure_dicts(traceback=traceback)
+        return {
+            "kind": "task", "id": str(self.pk), "task": self.task_path,
+            "queue": self.queue_name, "status": self.status, "priority": self.priority,
+            "attempts": self.attempts, "crashes": self.crashes, "args": self.args,
+            "kwargs": self.kwargs, "result": self.return_value,
+            "enqueued_at": self.enqueued_at, "run_after": self.run_after,
+            "available_at": self.available_at, "started_at": self.started_at,
+            "last_attempted_at": self.last_attempted_at, "finished_at": self.finished_at,
+            "cancel_requested_at": self.cancel_requested_at,
+            "claimed_host": self.claimed_host or None, "claimed_pid": self.claimed_pid,
+            "progress": self.progress, "progress_message": self.progress_message,
+            "idempotency_key": self.idempotency_key,
+            "error": errors[-1] if self.status == TaskStatus.FAILED and errors else None,
+            "errors": errors,
+        }
+
+
+#: The keys of ``TaskRecord.as_dict()``, in order.
+TASK_KEYS = (
+    "kind", "id", "task", "queue", "status", "priority", "attempts", "crashes", "args",
+    "kwargs", "result", "enqueued_at", "run_after", "available_at", "started_at",
+    "last_attempted_at", "finished_at", "cancel_requested_at", "claimed_host", "claimed_pid",
+    "progress", "progress_message", "idempotency_key", "error", "errors",
+)
+
+
+def _stored_failure(entry: Any, traceback: bool) -> dict[str, Any]:
+    """One entry of a task row's ``errors`` as a ``failure_dict``. An entry changed outside
+    django-dbworker (not an object) comes out as its text in ``message``."""
+    if not isinstance(entry, dict):
+        return failure_dict(attempt=None, exception_class="", message=str(entry),
+                            traceback=None, occurred_at=None)
+    at = entry.get("at")
+    when = _parsed(at) if isinstance(at, str) else at
+    return failure_dict(
+        attempt=entry.get("attempt"), exception_class=entry.get("exception_class_path", ""),
+        message=entry.get("message", ""),
+        traceback=entry.get("traceback", "") if traceback else None, occurred_at=when)
+
+
+def _parsed(text: str) -> datetime | str:
+    """A stored time (ISO 8601) as a datetime, like ``Failure.occurred_at``; text that is
+    not one stays as it is."""
+    try:
+        return parse_datetime(text) or text
+    except ValueError:
+        return text
 
 
 class RateBucket(models.Model):

@@ -1,10 +1,12 @@
-"""What a handler returns: ``Finished()`` or ``Unfinished(delay=...)``."""
+"""What a handler returns: ``Finished()`` or ``Unfinished(delay=...)``; and ``RunOutcome``,
+what became of one run of a unit, as it is logged and counted."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 
 from .conf import MAX_DELAY
 
@@ -50,3 +52,26 @@ class Unfinished:
 
 
 type Outcome = Finished | Unfinished
+
+
+class RunOutcome(StrEnum):
+    """What became of one run of a unit (an execution or a task), as data: the event name
+    of its log line and the key of the supervisor's counts. In the order people see them.
+    Its members are strings, equal to the names written before it existed."""
+
+    #: The handler returned ``Finished()``: the execution is FINISHED.
+    FINISHED = "finished"
+    #: The task returned: it is SUCCESSFUL.
+    SUCCESSFUL = "successful"
+    #: The handler returned ``Unfinished()``: the execution is UNFINISHED, to be run again.
+    UNFINISHED = "unfinished"
+    #: The task raised and has retries left: it is RETRYING.
+    RETRYING = "retrying"
+    #: The handler or task raised (for good, for a task): FAILED, the failure recorded.
+    FAILED = "failed"
+    #: The execution's source row was deleted: the execution is removed, nothing ran.
+    GONE = "gone"
+    #: The claim was lost (lease expired, taken over, cancelled): nothing was recorded.
+    LEASE_LOST = "lease_lost"
+    #: The process running it died; the unit was released (FAILED after ``MAX_CRASHES``).
+    CRASHED = "crashed"

@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import Exists, OuterRef
 
 from . import conf
-from .models import Execution, ExecutionStatus, State
+from .models import Execution, ExecutionStatus, State, no_execution
 from .registry import Worker, workers
 from .rows import keys
 
@@ -72,33 +72,14 @@ def has_execution_status(
 
 
 def execution_state(worker: Worker, pk: Any) -> dict[str, Any]:
+    """``Execution.as_dict()`` of ``worker``'s execution on the row ``pk`` (the same keys
+    when there is none), with ``source_id`` the ``pk`` as given and ``execution_id`` an
+    alias of ``id`` (kept since the first release)."""
     alias = conf.get().DATABASE
     execution = (
         Execution.objects.using(alias)
         .filter(worker=worker.name, source_id=keys.to_key(worker.source, pk, alias))
         .first()
     )
-    if execution is None:
-        return {
-            "worker": worker.name, "source_id": pk, "execution_status": None,
-            "attempts": 0, "crashes": 0, "error": None, "errors": [],
-            "claimed_host": None, "claimed_pid": None, "started_at": None,
-            "finished_at": None, "lease_expires_at": None, "available_at": None,
-        }
-    errors = [f.as_dict() for f in execution.failures.all()]
-    return {
-        "worker": worker.name,
-        "source_id": pk,
-        "execution_id": execution.pk,
-        "execution_status": execution.status,
-        "attempts": execution.attempts,
-        "crashes": execution.crashes,
-        "error": errors[-1] if execution.state == State.FAILED and errors else None,
-        "errors": errors,
-        "claimed_host": execution.claimed_host or None,
-        "claimed_pid": execution.claimed_pid,
-        "started_at": execution.started_at,
-        "finished_at": execution.finished_at,
-        "lease_expires_at": execution.lease_expires_at,
-        "available_at": execution.available_at,
-    }
+    doc = no_execution(worker.name, pk) if execution is None else execution.as_dict()
+    return {**doc, "source_id": pk, "execution_id": doc["id"]}

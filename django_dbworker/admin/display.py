@@ -69,6 +69,15 @@ def when(value: datetime | None) -> SafeString | str:
                        local.strftime("%Y-%m-%d %H:%M:%S %Z"), text)
 
 
+def moment(value: datetime | str | None) -> str:
+    """A full local time, e.g. of a failed attempt; text that is no time is shown as it is."""
+    if not isinstance(value, datetime):
+        return EMPTY if value in (None, "") else str(value)
+    if timezone.is_naive(value):
+        return value.isoformat(sep=" ")
+    return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
 def pre(text: str, css: str = "dbw-pre") -> SafeString | str:
     return format_html('<pre class="{}">{}</pre>', css, text) if text else EMPTY
 

@@ -148,10 +148,10 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
             return display.pretty_json(obj.errors)  # changed outside django-dbworker
         return format_html_join(
             "", '<div class="dbw-attempt"><h4>Attempt {} at {}: {}</h4>{}{}</div>',
-            ((e.get("attempt", "?"), e.get("at", ""), e.get("exception_class_path", ""),
-              display.pre(e.get("message", ""), "dbw-pre dbw-message"),
-              display.pre(e.get("traceback", ""), "dbw-pre dbw-traceback"))
-             for e in reversed(obj.errors)),
+            (("?" if e["attempt"] is None else e["attempt"], display.moment(e["occurred_at"]),
+              e["exception_class"], display.pre(e["message"], "dbw-pre dbw-message"),
+              display.pre(e["traceback"] or "", "dbw-pre dbw-traceback"))
+             for e in reversed(obj.failure_dicts())),
         )
 
     # ----- actions ----------------------------------------------------------------------

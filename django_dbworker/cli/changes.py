@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..conf import MAX_RETENTION
-from ..models import TASK_FINISHED, Supervisor, TaskRecord, TaskStatus
+from ..models import Execution, Supervisor, TaskRecord, TaskStatus
 from ..registry import workers
 from ..rows import store
 from ..tasks import store as taskstore
@@ -46,13 +46,19 @@ def _item(kind: str, pk: Any, status: str, will: bool, **extra: Any) -> dict[str
     return {"kind": kind, "id": pk, "status": status, "will_change": will, **extra}
 
 
+def _execution_item(e: Execution, will: bool, **extra: Any) -> dict[str, Any]:
+    """An execution's item: ``execution_status`` as everywhere, and ``status`` (the stored
+    state) under its schema-version-1 name (``units.EXECUTION_ALIASES``)."""
+    return _item("execution", e.pk, e.state, will, execution_status=e.status,
+                 worker=e.worker, **extra)
+
+
 def retry(ids: list[str]) -> Plan:
     """FAILED executions back to UNFINISHED; FAILED or CANCELLED tasks back to READY."""
     executions, tasks = units.find(ids)
     e_ids = [e.pk for e in executions if e.state in store.TRANSITIONS["reset_failed"]]
     t_ids = [t.pk for t in tasks if t.status in taskstore.TRANSITIONS["retry"]]
-    items = [_item("execution", e.pk, e.state, e.pk in e_ids, worker=e.worker)
-             for e in executions]
+    items = [_execution_item(e, e.pk in e_ids) for e in executions]
     items += [_item("task", str(t.pk), t.status, t.pk in t_ids, task=t.task_path)
               for t in tasks]
     return Plan(
@@ -74,8 +80,7 @@ def reset(worker_name: str, pks: list[str], *, finished: bool) -> Plan:
     allowed = store.TRANSITIONS["reprocess" if finished else "reset_failed"]
     ids = [e.pk for e in found if e.state in allowed]
     what = "finished or failed" if finished else "failed"
-    items = [_item("execution", e.pk, e.state, e.pk in ids, worker=e.worker,
-                   source_id=e.source_id) for e in found]
+    items = [_execution_item(e, e.pk in ids, source_id=e.source_id) for e in found]
     apply = store.reprocess_ids if finished else store.reset_failed_ids
     return Plan("reset", f"Reset {len(ids)} {what} execution(s) of {worker_name!r}: they "
                 "run again.", items, len(ids), lambda: apply(ids))
@@ -126,8 +131,7 @@ def prune(older_than: float | None) -> Plan:
             f"most {MAX_RETENTION:.0f} (100 years).")
     using = conf.get().DATABASE
     cutoff = timezone.now() - timedelta(seconds=older_than)
-    tasks = TaskRecord.objects.using(using).filter(status__in=TASK_FINISHED,
-                                                   finished_at__lt=cutoff).count()
+    tasks = TaskRecord.objects.using(using).finished().filter(finished_at__lt=cutoff).count()
     gone = Supervisor.objects.using(using).filter(last_heartbeat__lt=cutoff).filter(
         Q(stopped_at__isnull=False) | Q(heartbeat_expires_at__lt=cutoff))
     supervisors = gone.count()

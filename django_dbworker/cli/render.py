@@ -67,11 +67,14 @@ def inspect(doc: dict[str, Any]) -> str:
 
 
 def unit(u: dict[str, Any]) -> str:
-    skip = {"errors", "kind"}
+    skip = {"errors", "error", "kind"}
+    if u["kind"] == "execution":
+        skip.update(units.EXECUTION_ALIASES)
     lines = [f"{u['kind']} {u['id']}"]
-    lines += [f"  {k}: {cell(v)}" for k, v in u.items() if k not in skip]
+    lines += [f"  {k}: {units.status(u) if k == 'execution_status' else cell(v)}"
+              for k, v in u.items() if k not in skip]
     for e in u.get("errors", []):
-        lines += [f"  error of attempt {e['attempt']} at {cell(e['at'])}: "
+        lines += [f"  error of attempt {e['attempt']} at {cell(e['occurred_at'])}: "
                   f"{e['exception_class']}: {e['message']}"]
         if e.get("traceback"):
             lines += ["    " + t for t in e["traceback"].rstrip().splitlines()]
@@ -127,6 +130,6 @@ def plan(doc: dict[str, Any]) -> str:
     out = [doc["summary"]]
     if doc["items"]:
         out += ["", table(["kind", "id", "status", "will change"], [
-            (i["kind"], i["id"], i["status"], "yes" if i["will_change"] else "no")
+            (i["kind"], i["id"], units.status(i), "yes" if i["will_change"] else "no")
             for i in doc["items"]])]
     return "\n".join(out)

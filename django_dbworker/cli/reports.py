@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..insight import names, snapshot
-from ..models import Execution, State, Supervisor, TaskRecord, TaskStatus
+from ..models import Execution, Supervisor, TaskRecord
 from ..registry import workers
 from . import OperationError, units
 
@@ -75,8 +75,8 @@ def failed(worker_names: list[str] | None, queue_names: list[str] | None, *, lim
     """Executions and tasks FAILED for good, newest first (at most ``limit`` of each)."""
     check_names(worker_names, queue_names)
     using = _using()
-    executions = Execution.objects.using(using).filter(state=State.FAILED)
-    tasks = TaskRecord.objects.using(using).filter(status=TaskStatus.FAILED)
+    executions = Execution.objects.using(using).failed()
+    tasks = TaskRecord.objects.using(using).failed()
     if worker_names is not None or queue_names is not None:
         executions = executions.filter(worker__in=worker_names or [])
         tasks = tasks.filter(queue_name__in=queue_names or [])

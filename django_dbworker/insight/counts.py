@@ -14,10 +14,10 @@ from typing import Any
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, OuterRef, Q
 
 from .. import conf
-from ..models import CLAIMABLE, TASK_CLAIMABLE, Execution, State, TaskRecord, TaskStatus
+from ..models import Execution, State, TaskRecord, TaskStatus
 from ..registry import workers
 from ..rows import keys
-from ..rows.queries import Probe, in_states
+from ..rows.queries import Probe
 
 #: Minutes of throughput history, one bucket a minute, oldest first.
 MINUTES = 15
@@ -58,8 +58,7 @@ def worker_lag(name: str, now: datetime) -> float | None:
     A unit waits from when it became claimable: its row was saved or swept, or its
     ``Unfinished(delay=...)`` ran out. Rows the worker's ``eligible`` excludes do not count.
     """
-    qs = Execution.objects.using(_alias()).filter(
-        in_states(CLAIMABLE), worker=name, available_at__lte=now)
+    qs = Execution.objects.using(_alias()).claimable(now).filter(worker=name)
     worker = workers.get(name)
     if worker is not None:
         try:
@@ -76,7 +75,7 @@ def worker_lag(name: str, now: datetime) -> float | None:
 def queue_lags(now: datetime) -> dict[str, float]:
     """Seconds the oldest due task of each queue has waited (queues with one waiting)."""
     rows = (TaskRecord.objects.using(_alias())
-            .filter(in_states(TASK_CLAIMABLE, "status"), available_at__lte=now)
+            .ready(now)
             .values("queue_name").annotate(oldest=Min("available_at")).order_by())
     return {r["queue_name"]: max((now - r["oldest"]).total_seconds(), 0.0) for r in rows}
 

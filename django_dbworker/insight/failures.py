@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import Count, Max, OuterRef, Subquery
 
 from .. import conf
-from ..models import Execution, Failure, State, TaskRecord, TaskStatus
+from ..models import Execution, Failure, TaskRecord
 from .sql import LastErrorClass
 
 
@@ -21,11 +21,11 @@ def grouped() -> list[dict[str, Any]]:
     using = conf.get().DATABASE
     last_class = Subquery(Failure.objects.using(using).filter(execution=OuterRef("pk"))
                           .order_by("-id").values("exception_class")[:1])
-    executions = (Execution.objects.using(using).filter(state=State.FAILED)
+    executions = (Execution.objects.using(using).failed()
                   .annotate(exception_class=last_class)
                   .values("worker", "exception_class")
                   .annotate(count=Count("id"), last_at=Max("finished_at")).order_by())
-    tasks = (TaskRecord.objects.using(using).filter(status=TaskStatus.FAILED)
+    tasks = (TaskRecord.objects.using(using).failed()
              .annotate(exception_class=LastErrorClass("errors"))
              .values("task_path", "queue_name", "exception_class")
              .annotate(count=Count("id"), last_at=Max("finished_at")).order_by())

@@ -6,6 +6,8 @@ import time
 from collections import Counter
 from typing import TextIO
 
+from ..outcomes import RunOutcome
+
 
 class Progress:
     def __init__(self, stream: TextIO | None, interval: float = 1.0) -> None:
@@ -24,8 +26,7 @@ class Progress:
     def done(self) -> int:
         return sum(self.counts.values())
 
-    ORDER = ("finished", "successful", "unfinished", "retrying", "failed", "gone",
-             "lease_lost", "crashed")
+    ORDER = tuple(RunOutcome)
 
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
