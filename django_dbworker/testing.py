@@ -10,12 +10,9 @@ from django.db import DatabaseError
 from . import conf, progress
 from .registry import Worker, workers
 from .rows import pending, store
-from .rows.runner import run
 from .rows.store import Claimant
 from .supervisor import units
 from .tasks import store as taskstore
-from .tasks.runner import run_task
-from .tasks.store import TaskClaim
 
 
 def run_until_idle(
@@ -70,7 +67,9 @@ def _run(claim: units.Unit) -> str:
     escapes it becomes its FAILED record (a database error is raised: inside a test's
     transaction nothing more can be written)."""
     try:
-        return (run_task(claim) if isinstance(claim, TaskClaim) else run(claim)).outcome
+        result = claim.run()  # with no one to keep its success, a task records it now
+        assert result is not None
+        return result.outcome
     except DatabaseError:
         raise
     except Exception as exc:

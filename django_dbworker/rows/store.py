@@ -42,6 +42,7 @@ from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
 from . import keys
 from .queries import candidates, in_states
+from .unit import RowUnit
 
 #: The partial index the claim reads (``Execution.Meta.indexes``).
 CLAIM_INDEX = "dbworker_execution_claimable"
@@ -68,7 +69,7 @@ class Claimant:
 
 
 @dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(RowUnit):
     execution_id: int
     worker: str
     source_key: str

@@ -20,7 +20,6 @@ from ..db.connections import connected, own_process
 from ..logs import log_event
 from ..rows.store import safe_message
 from ..tasks.completions import Completions, Kept
-from ..tasks.store import TaskClaim
 from . import units
 from .handoff import Handoff
 
@@ -110,13 +109,9 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
         else:
             report.append((seq, "unrecordable", info, safe_message(again)))
         return
-    from ..rows.runner import Result
-
     outcome = "failed" if recorded else "lease_lost"
-    report.append((seq, "result", Result(
-        claim.unit_id if isinstance(claim, TaskClaim) else claim.execution_id,
-        units.group(claim).removeprefix("task:"), outcome,
-        time.monotonic() - started, f"{info.exception_class}: {info.message}")))
+    report.append((seq, "result", claim.result(
+        outcome, time.monotonic() - started, f"{info.exception_class}: {info.message}")))
 
 
 def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
@@ -151,13 +146,10 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
             try:
                 report.append((kept.tag, "result", kept.after(outcome)))
             except Exception as exc:  # what follows a record (a signal's receiver)
-                from ..rows.runner import Result
-
                 log_event(logging.ERROR, "after_record_failed", **units.describe(kept.claim),
                           error=f"{type(exc).__name__}: {safe_message(exc)}"[:1000])
-                report.append((kept.tag, "result", Result(
-                    kept.claim.unit_id, kept.claim.task_path,
-                    "successful" if outcome else "lease_lost", 0.0, "")))
+                report.append((kept.tag, "result", kept.claim.result(
+                    "successful" if outcome else "lease_lost", 0.0)))
 
     try:
         while True:

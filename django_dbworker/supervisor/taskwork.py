@@ -21,6 +21,7 @@ from ..scheduling import Scheduler, schedules
 from ..tasks import registry as task_registry
 from ..tasks import store as taskstore
 from ..tasks.store import TaskClaim
+from ..tasks.unit import is_task
 from .pool import Child
 from .prefetch import Prefetch
 
@@ -74,7 +75,7 @@ class TaskWork:
         running: dict[uuid.UUID, Child] = {}
         for ch in children:
             unit = ch.running()
-            if unit is None or not isinstance(unit[0], TaskClaim):
+            if unit is None or not is_task(unit[0]):
                 continue
             c, since = unit
             limit = self.timeouts.get(c.task_path)
@@ -87,19 +88,19 @@ class TaskWork:
         if now >= self._next["cancel"]:
             self._next["cancel"] = now + CANCEL_POLL
             queued = [c for ch in children for c in ch.waiting()] + waiting.units()
-            queued_ids = {c.task_id for c in queued if isinstance(c, TaskClaim)}
+            queued_ids = {c.task_id for c in queued if is_task(c)}
             cancelled = set(taskstore.cancel_requested([*running, *queued_ids]))
             if cancelled & queued_ids:
                 for ch in children:
                     waiting.put(ch.take_back(), now)
                 for c in waiting.units():
-                    if isinstance(c, TaskClaim) and c.task_id in cancelled:
+                    if is_task(c) and c.task_id in cancelled:
                         waiting.remove(c)
                         self._cancel_waiting(c)
             for task_id in cancelled:
                 ch = running.get(task_id)
                 unit = ch.running() if ch is not None else None
-                if ch is None or unit is None or not isinstance(unit[0], TaskClaim) \
+                if ch is None or unit is None or not is_task(unit[0]) \
                         or unit[0].task_id != task_id:
                     continue  # it finished meanwhile (its child may run the next one)
                 self._stop(ch, unit[0], stop, TaskStatus.CANCELLED, FailureInfo(

@@ -1,59 +1,107 @@
-"""The two kinds of unit a supervisor runs, behind one interface.
+"""The unit protocol: what the supervisor and its children may do with a claimed unit of
+work, whatever its kind, and the kind-free helpers built on it.
 
-A unit is a row-as-queue execution (``store.Claim``) or an enqueued task
-(``taskstore.TaskClaim``); the supervisor and its children use these functions and never
-ask which kind they hold.
+A unit is a row-as-queue execution (``rows.store.Claim``, its methods in ``rows.unit``) or
+an enqueued task (``tasks.store.TaskClaim``, in ``tasks.unit``). The supervisor, its
+children and ``testing`` use ``Unit`` and the functions here and never ask which kind they
+hold; what is done to many units at once (renew, unclaim) goes to each unit's ``kind``, one
+statement per kind.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from django.db import DatabaseError, OperationalError
 
 from ..logs import log_event, logger
 from ..rows import store
-from ..rows.store import Claim, Claimant, FailureInfo
+from ..rows.store import Claimant, FailureInfo
+from ..rows.unit import EXECUTIONS
 from ..tasks import store as taskstore
-from ..tasks.completions import Kept
-from ..tasks.store import TaskClaim
+from ..tasks.unit import TASKS
 
-type Unit = Claim | TaskClaim
+if TYPE_CHECKING:
+    from ..rows.runner import Result
+    from ..tasks.completions import Kept
+
+
+class Kind(Protocol):
+    """A kind of unit: what is done to many of its units in one statement."""
+
+    #: The word for one unit of the kind in messages: "execution", "task".
+    name: str
+
+    def renew(self, claimant: Claimant, pks: list[Any], lease: float) -> int:
+        """Extend the leases of ``claimant``'s units ``pks`` (``Unit.unit_pk``)."""
+        ...
+
+    def unclaim(self, claims: list[Any]) -> int:
+        """Give back units claimed ahead that never ran, fenced by their tokens."""
+        ...
+
+
+@runtime_checkable
+class Unit(Protocol):
+    """One claimed unit of work, as River's ``WorkUnit``."""
+
+    @property
+    def kind(self) -> Kind: ...
+    @property
+    def unit_pk(self) -> Any: ...
+    @property
+    def token(self) -> uuid.UUID: ...
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def group(self) -> str:
+        """What per-worker concurrency counts it against (``caps``): the worker's name,
+        or ``task:<path>``."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Key/value context for log lines."""
+        ...
+
+    def run(self, keep: Callable[[Kept], None] | None = None) -> Result | None:
+        """Run its handler and record the outcome; returns the ``Result``, or None for a
+        task whose success went to ``keep`` to be recorded later (``completions``)."""
+        ...
+
+    def result(self, outcome: str, seconds: float, error: str = "") -> Result:
+        """The ``Result`` that reports ``outcome`` of it (recorded elsewhere)."""
+        ...
+
+    def fail(self, info: FailureInfo) -> int:
+        """Record it FAILED for good with ``info``, fenced by its token and its lease."""
+        ...
+
+    def release(self, *, crashed: FailureInfo | None, max_crashes: int) -> int:
+        """Give it back after it was cut off (``crashed`` None) or its process died:
+        claimable again, or FAILED once it crashed ``max_crashes`` times."""
+        ...
+
+
+#: Every kind, in the order their statements run (executions first, as ever).
+KINDS: tuple[Kind, ...] = (EXECUTIONS, TASKS)
 
 
 def run(c: Unit, keep: Callable[[Kept], None] | None = None) -> Any:
     """Run a unit and record its outcome; returns the ``Result``, or None for a task whose
     success went to ``keep`` to be recorded later (``completions``)."""
     if logger.isEnabledFor(logging.DEBUG):
-        log_event(logging.DEBUG, "started", **describe(c), pid=os.getpid())
-    if isinstance(c, TaskClaim):
-        from ..tasks.runner import run_task
-
-        return run_task(c, keep)
-    from ..rows.runner import run as run_execution
-
-    return run_execution(c)
+        log_event(logging.DEBUG, "started", **c.describe(), pid=os.getpid())
+    return c.run(keep)
 
 
 def fail(c: Unit, info: FailureInfo) -> int:
     """Record ``c`` FAILED for good with ``info`` (its child's last word on it)."""
-    if isinstance(c, TaskClaim):
-        return taskstore.fail_attempt(c, info, retry_at=None, live=True)
-    failed = store.fail(c, info)
-    if failed:  # as the runner's own failure record does; else the next sweep finds them
-        from .. import conf
-        from ..registry import workers
-        from ..rows import pending
-
-        try:
-            pending.add_siblings(workers[c.worker], c.source_key, conf.get().DATABASE)
-        except Exception as exc:
-            log_event(logging.WARNING, "siblings_not_marked", **describe(c),
-                      error=f"{type(exc).__name__}: {store.safe_message(exc)}"[:300])
-    return failed
+    return c.fail(info)
 
 
 def transient(exc: BaseException) -> bool:
@@ -73,7 +121,7 @@ def fallback(c: Unit, exc: BaseException) -> FailureInfo:
     or recording its outcome (``recording`` notes what was being recorded), with the
     real cause and without the offending text."""
     what = getattr(exc, "dbworker_recording", None)
-    kind = "task" if isinstance(c, TaskClaim) else "execution"
+    kind = c.kind.name
     if isinstance(exc, DatabaseError):
         doing = f"recording {what}" if what else "recording its outcome"
         message = (f"the database refused {doing} with {type(exc).__name__}: "
@@ -87,21 +135,26 @@ def fallback(c: Unit, exc: BaseException) -> FailureInfo:
 
 
 def release(c: Unit, *, crashed: FailureInfo | None, max_crashes: int) -> int:
-    module = taskstore if isinstance(c, TaskClaim) else store
-    return module.release(c, crashed=crashed, max_crashes=max_crashes)
+    return c.release(crashed=crashed, max_crashes=max_crashes)
+
+
+def by_kind(claims: list[Unit]) -> dict[Kind, list[Unit]]:
+    """``claims`` grouped by kind, every kind present, in ``KINDS`` order."""
+    grouped: dict[Kind, list[Unit]] = {kind: [] for kind in KINDS}
+    for c in claims:
+        grouped.setdefault(c.kind, []).append(c)
+    return grouped
 
 
 def unclaim(claims: list[Unit]) -> int:
     """Give back units claimed ahead that never ran (one statement per kind)."""
-    executions = [c for c in claims if isinstance(c, Claim)]
-    tasks = [c for c in claims if isinstance(c, TaskClaim)]
-    return store.unclaim(executions) + taskstore.unclaim(tasks)
+    return sum(kind.unclaim(group) for kind, group in by_kind(claims).items())
 
 
 def renew(claimant: Claimant, claims: list[Unit], lease: float) -> int:
-    executions = [c.execution_id for c in claims if isinstance(c, Claim)]
-    tasks = [c.task_id for c in claims if isinstance(c, TaskClaim)]
-    return store.renew(claimant, executions, lease) + taskstore.renew(claimant, tasks, lease)
+    """Extend the leases of the units this supervisor holds (one statement per kind)."""
+    return sum(kind.renew(claimant, [c.unit_pk for c in group], lease)
+               for kind, group in by_kind(claims).items())
 
 
 def reap(max_crashes: int, *, tasks: bool) -> int:
@@ -111,12 +164,9 @@ def reap(max_crashes: int, *, tasks: bool) -> int:
 
 def describe(c: Unit) -> dict[str, Any]:
     """Key/value context of a unit for log lines."""
-    if isinstance(c, TaskClaim):
-        return {"task": c.task_path, "id": c.task_id, "attempt": c.attempt}
-    return {"worker": c.worker, "execution": c.execution_id, "source": c.source_key,
-            "attempt": c.attempt}
+    return c.describe()
 
 
 def group(c: Unit) -> str:
     """What per-worker concurrency counts a unit against."""
-    return "task:" + c.task_path if isinstance(c, TaskClaim) else c.worker
+    return c.group

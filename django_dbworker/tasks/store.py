@@ -37,6 +37,7 @@ from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
 from ..rows.queries import in_states
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
 from . import enqueue as newtasks
+from .unit import TaskUnit
 
 KEY_NAMESPACE = newtasks.KEY_NAMESPACE
 
@@ -52,7 +53,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class TaskClaim:
+class TaskClaim(TaskUnit):
     task_id: uuid.UUID
     task_path: str
     token: uuid.UUID

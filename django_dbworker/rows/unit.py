@@ -1,0 +1,99 @@
+"""A claimed execution as a unit (``supervisor.units.Unit``): what the supervisor and its
+children may do with one, without knowing it is a row-as-queue execution.
+
+``store.Claim`` inherits ``RowUnit``; the store, the runner and ``pending`` are imported
+where they are used (``store`` imports this module).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+from ..logs import log_event
+
+if TYPE_CHECKING:
+    import uuid
+
+    from ..tasks.completions import Kept
+    from .runner import Result
+    from .store import Claim, Claimant, FailureInfo
+
+
+class Executions:
+    """The execution kind: what is done to many executions in one statement."""
+
+    name = "execution"
+
+    def renew(self, claimant: Claimant, pks: list[Any], lease: float) -> int:
+        from . import store
+
+        return store.renew(claimant, pks, lease)
+
+    def unclaim(self, claims: list[Any]) -> int:
+        from . import store
+
+        return store.unclaim(claims)
+
+
+EXECUTIONS = Executions()
+
+
+class RowUnit:
+    """The ``Unit`` methods of ``store.Claim``."""
+
+    __slots__ = ()
+    kind: ClassVar[Executions] = EXECUTIONS
+
+    if TYPE_CHECKING:
+        execution_id: int
+        worker: str
+        source_key: str
+        token: uuid.UUID
+        attempt: int
+
+    @property
+    def group(self) -> str:
+        """What per-worker concurrency counts it against: its worker."""
+        return self.worker
+
+    def describe(self) -> dict[str, Any]:
+        return {"worker": self.worker, "execution": self.execution_id,
+                "source": self.source_key, "attempt": self.attempt}
+
+    def run(self, keep: Callable[[Kept], None] | None = None) -> Result:
+        """Run the handler and record its outcome (``keep`` is for tasks only)."""
+        from .runner import run
+
+        return run(self._claim())
+
+    def result(self, outcome: str, seconds: float, error: str = "") -> Result:
+        from .runner import Result
+
+        return Result(self.execution_id, self.worker, outcome, seconds, error)
+
+    def fail(self, info: FailureInfo) -> int:
+        """Record it FAILED for good; a FAILED row is made pending for its sibling workers,
+        as by the runner's own failure record (else the next sweep finds them)."""
+        from .. import conf
+        from ..registry import workers
+        from . import pending, store
+
+        failed = store.fail(self._claim(), info)
+        if failed:
+            try:
+                pending.add_siblings(workers[self.worker], self.source_key,
+                                     conf.get().DATABASE)
+            except Exception as exc:
+                log_event(logging.WARNING, "siblings_not_marked", **self.describe(),
+                          error=f"{type(exc).__name__}: {store.safe_message(exc)}"[:300])
+        return failed
+
+    def release(self, *, crashed: FailureInfo | None, max_crashes: int) -> int:
+        from . import store
+
+        return store.release(self._claim(), crashed=crashed, max_crashes=max_crashes)
+
+    def _claim(self) -> Claim:
+        return cast("Claim", self)  # only store.Claim inherits RowUnit

@@ -1,0 +1,155 @@
+"""The unit protocol (``supervisor.units.Unit``): both kinds of unit implement it, and one
+row unit and one task unit go through the same protocol calls against the database."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_dbworker import workers
+from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
+from django_dbworker.rows import store
+from django_dbworker.rows.runner import Result
+from django_dbworker.rows.store import Claim, Claimant, FailureInfo
+from django_dbworker.supervisor import units
+from django_dbworker.supervisor.units import KINDS, Unit
+from django_dbworker.tasks import store as taskstore
+from django_dbworker.tasks.store import TaskClaim
+from django_dbworker.tasks.unit import is_task
+from tests.testapp import tasks
+from tests.testapp.models import Item
+
+MEMBERS = ["kind", "unit_pk", "token", "attempt", "group", "describe", "run", "result",
+           "fail", "release"]
+
+
+def row_claim() -> Claim:
+    now = timezone.now()
+    return Claim(7, "touch", "42", uuid.uuid4(), 2, now)
+
+
+def task_claim() -> TaskClaim:
+    now = timezone.now()
+    return TaskClaim(uuid.uuid4(), "tests.testapp.tasks.add", uuid.uuid4(), 3, now, now)
+
+
+# ----- the protocol, without a database ----------------------------------------------
+
+
+@pytest.mark.parametrize("make", [row_claim, task_claim])
+def test_both_kinds_implement_the_protocol(make):
+    c = make()
+    assert isinstance(c, Unit)
+    assert all(hasattr(c, name) for name in MEMBERS)
+    assert c.kind in KINDS
+
+
+@pytest.mark.parametrize("make", [row_claim, task_claim])
+def test_a_unit_stays_a_slotted_value_that_crosses_the_pipe(make):
+    """The methods come from a slotted mixin: no ``__dict__``, and a unit pickled to a
+    child comes back equal, with its methods."""
+    c = make()
+    assert not hasattr(c, "__dict__")
+    again = pickle.loads(pickle.dumps(c))
+    assert again == c and again.group == c.group and again.kind is c.kind
+
+
+def test_group_and_describe_of_a_row_unit():
+    c = row_claim()
+    assert c.group == units.group(c) == "touch"
+    assert units.describe(c) == {"worker": "touch", "execution": 7, "source": "42",
+                                 "attempt": 2}
+    assert c.kind.name == "execution" and c.unit_pk == 7
+    assert not is_task(c)
+
+
+def test_group_and_describe_of_a_task_unit():
+    c = task_claim()
+    assert c.group == units.group(c) == "task:tests.testapp.tasks.add"
+    assert units.describe(c) == {"task": "tests.testapp.tasks.add", "id": c.task_id,
+                                 "attempt": 3}
+    assert c.kind.name == "task" and c.unit_pk == c.task_id
+    assert is_task(c)
+
+
+def test_result_reports_each_kind_by_its_id_and_its_worker_or_task():
+    r, t = row_claim(), task_claim()
+    assert r.result("failed", 1.5, "E: boom") == Result(7, "touch", "failed", 1.5, "E: boom")
+    assert t.result("lease_lost", 0.0) == Result(str(t.task_id), t.task_path, "lease_lost",
+                                                 0.0, "")
+
+
+def test_fallback_names_the_kind():
+    exc = RuntimeError("boom")
+    assert "recording this execution: boom" in units.fallback(row_claim(), exc).message
+    assert "recording this task: boom" in units.fallback(task_claim(), exc).message
+
+
+def test_units_are_grouped_by_kind_executions_first_whatever_the_order():
+    r, t = row_claim(), task_claim()
+    grouped = units.by_kind([t, r, t])
+    assert list(grouped) == list(KINDS)
+    assert [len(g) for g in grouped.values()] == [1, 2]
+    assert all(c.kind is kind for kind, g in grouped.items() for c in g)
+
+
+# ----- one row unit and one task unit through the same calls, on the database --------
+
+
+@pytest.fixture
+def claimed(transactional_db: None) -> list[Unit]:
+    """One claimed row unit (worker ``touch``) and one claimed task unit (``add``)."""
+    Item.objects.create()
+    tasks.add.enqueue(2, 3)
+    claimant = Claimant()
+    (row,) = store.claim(workers["touch"], 1, claimant, 30)
+    (task,) = taskstore.claim(None, 1, claimant, 30)
+    return [row, task]
+
+
+def status(c: Unit) -> str:
+    if is_task(c):
+        return TaskRecord.objects.get(pk=c.unit_pk).status
+    return Execution.objects.get(pk=c.unit_pk).state
+
+
+def test_run_runs_and_records_either_kind(claimed):
+    outcomes = [units.run(c).outcome for c in claimed]
+    assert outcomes == ["finished", "successful"]
+    assert [status(c) for c in claimed] == [State.FINISHED, TaskStatus.SUCCESSFUL]
+    assert TaskRecord.objects.get(pk=claimed[1].unit_pk).return_value == 5
+
+
+def test_renew_extends_both_kinds_in_one_call(claimed):
+    claimant = Claimant()
+    assert units.renew(claimant, claimed, 3600) == 0  # not ours: nothing renewed
+    owner = Execution.objects.get(pk=claimed[0].unit_pk).supervisor_id
+    soon = timezone.now() + timedelta(seconds=3000)
+    assert units.renew(Claimant(supervisor_id=owner), claimed, 3600) == 2
+    assert Execution.objects.get(pk=claimed[0].unit_pk).lease_expires_at > soon
+    assert TaskRecord.objects.get(pk=claimed[1].unit_pk).lease_expires_at > soon
+
+
+def test_unclaim_gives_both_kinds_back_in_one_call(claimed):
+    assert units.unclaim(claimed) == 2
+    assert [status(c) for c in claimed] == [State.PENDING, TaskStatus.READY]
+
+
+def test_release_gives_either_kind_back(claimed):
+    assert [units.release(c, crashed=None, max_crashes=3) for c in claimed] == [1, 1]
+    assert [status(c) for c in claimed] == [State.UNFINISHED, TaskStatus.READY]
+    assert [units.release(c, crashed=None, max_crashes=3) for c in claimed] == [0, 0]
+
+
+def test_fail_records_either_kind_failed_with_its_info(claimed):
+    info = FailureInfo("builtins.RuntimeError", "the child's last word")
+    assert [units.fail(c, info) for c in claimed] == [1, 1]
+    assert [status(c) for c in claimed] == [State.FAILED, TaskStatus.FAILED]
+    assert Failure.objects.get(execution_id=claimed[0].unit_pk).message == info.message
+    (error,) = TaskRecord.objects.get(pk=claimed[1].unit_pk).errors
+    assert error["exception_class_path"] == info.exception_class
+    assert [units.fail(c, info) for c in claimed] == [0, 0]  # its token is gone
