@@ -29,7 +29,7 @@ from django_dbworker.exceptions import InvalidTaskArguments, InvalidWorker
 from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.registry import Worker
 from django_dbworker.scheduling import Schedule, Scheduler, schedules
-from django_dbworker.supervisor.taskwork import retention_cutoff
+from django_dbworker.supervisor.duties.tasks import retention_cutoff
 from django_dbworker.tasks import enqueue as newtasks
 from tests.conftest import wait_for
 from tests.testapp import tasks
@@ -454,12 +454,10 @@ def test_arguments_larger_than_arguments_max_bytes_are_refused(settings, monkeyp
 # ----- retention never stops a supervisor ------------------------------------------------
 
 
-def _taskwork(retention):
-    from django_dbworker.rows.store import Claimant
-    from django_dbworker.supervisor.taskwork import TaskWork
+def _retention(retention):
+    from django_dbworker.supervisor.duties.tasks import Retention
 
-    config = replace(dbconf.get(), RETENTION=retention)
-    return TaskWork(None, config, Claimant(), schedule=False)
+    return Retention(replace(dbconf.get(), RETENTION=retention))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -469,9 +467,9 @@ def test_prune_with_the_longest_retentions_deletes_nothing_and_never_overflows()
         status=TaskStatus.SUCCESSFUL, finished_at=timezone.now() - timedelta(days=3650))
     # the longest RETENTION the setting allows, and one past it (a Config built directly)
     for retention in (timedelta(days=365 * 100), timedelta.max, 1e15):
-        _taskwork(retention)._prune()
+        _retention(retention).run(0.0)
         assert TaskRecord.objects.filter(pk=old.id).exists()
-    _taskwork(60)._prune()
+    _retention(60).run(0.0)
     assert not TaskRecord.objects.filter(pk=old.id).exists()
 
 
@@ -483,10 +481,10 @@ def test_a_failing_prune_is_logged_once_per_interval(monkeypatch, caplog):
         raise RuntimeError("decl prune broke")
 
     monkeypatch.setattr(taskstore, "prune_batch", broken)
-    work = _taskwork(60)
+    work = _retention(60)
     with caplog.at_level(logging.INFO, logger="django_dbworker"):
-        work._prune()
-        work._prune()  # within the interval: not logged again
+        work.run(0.0)
+        work.run(1.0)  # within the interval: not logged again
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prune_failed")]
     assert len(lines) == 1 and "RuntimeError: decl prune broke" in lines[0], lines
 

@@ -25,6 +25,10 @@ from ..rows.runner import LOST as LEASE_LOST
 from ..rows.store import Claimant, FailureInfo
 from . import pool, units
 from .caps import Caps
+from .duties.base import Duties
+from .duties.discovery import Discovery
+from .duties.leases import Reaping, Renewal, Retries
+from .duties.outage import Outage
 from .heartbeat import Heartbeat
 from .pool import Child, describe_exit
 from .prefetch import Prefetch
@@ -58,12 +62,8 @@ class Supervisor:
         self.claimant = Claimant(pid=os.getpid())
         self.children: list[Child] = []
         self.progress = Progress(progress)
-        self.sweepers = [pending.Sweeper(w, config.SWEEP_BATCH) for w in options.workers]
-        self.sweeping: set[int] = set()
         self.stop_requested_at: float | None = None
         self.hard_stop = False
-        self.retry_release: list[tuple[Unit, FailureInfo | None]] = []
-        self.retry_unclaim: list[Unit] = []
         self.prefetch = Prefetch(config.PREFETCH, options.concurrency, config.LEASE_SECONDS)
         self.caps = Caps(options.workers, options.concurrency)
         self.tasks = (
@@ -72,13 +72,7 @@ class Supervisor:
             if options.tasks else None
         )
         self._last_claim = 0.0
-        self._sweep_started = 0.0
         self._rotation = 0
-        self._next = {"renew": 0.0, "reap": 0.0, "sweep": 0.0}
-        self._backoff = 0.0
-        #: Since when (monotonic) and how many times in a row the database failed us.
-        self._down_since: float | None = None
-        self._down_attempts = 0
         self._broken: dict[str, float] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self.listener = Listener(self.using)
@@ -89,6 +83,26 @@ class Supervisor:
             self.claimant, lease=config.LEASE_SECONDS, concurrency=options.concurrency,
             workers=[w.name for w in options.workers], queues=options.queues,
             tasks=options.tasks, burst=options.burst)
+        self.outage = Outage()
+        self.retries = Retries(config.MAX_CRASHES)
+        #: Writes to retry once the database answers (``Retries``).
+        self.retry_release = self.retries.releases
+        self.retry_unclaim = self.retries.unclaims
+        self.renewal = Renewal(self.claimant, config.LEASE_SECONDS, self._held,
+                               lambda: self.heartbeat.beat(self.children, self.progress.done))
+        self.discovery = Discovery(
+            [pending.Sweeper(w, config.SWEEP_BATCH) for w in options.workers],
+            config.SWEEP_INTERVAL, self._paused, self._broken_source)
+        # In this order, every round, before claims: renewal right after the retried
+        # writes, never behind a claim, a sweep or a prune.
+        self.duties = Duties([
+            self.retries,
+            self.renewal,
+            *(self.tasks.duties(lambda: self.children, self._stop_child, self.prefetch)
+              if self.tasks is not None else []),
+            Reaping(config.LEASE_SECONDS, config.MAX_CRASHES, tasks=self.tasks is not None),
+            self.discovery,
+        ])
 
     # ----- life cycle ---------------------------------------------------------------
 
@@ -136,19 +150,18 @@ class Supervisor:
                 return self._cut_off("grace period over")
             claimed: int | None = 0
             try:
-                self._maintain()
+                self.duties.run_due()
                 if not stopping:
                     claimed = self._fill()
-                self._backoff = 0.0
-                self._database_up()
+                self.outage.went_through(connections[self.using].connection is not None)
             except DatabaseError as exc:
                 self._database_down(exc)
             last_round = False
             if (self.options.burst and not stopping and claimed == 0 and not self._busy()
-                    and not self.sweeping and self._backoff == 0.0):
-                if self._sweep_started > self._last_claim:
+                    and not self.discovery.sweeping and self.outage.backoff == 0.0):
+                if self.discovery.started > self._last_claim:
                     return self._burst_done()
-                self._start_sweep(time.monotonic())  # rows may have become eligible since
+                self.discovery.start(time.monotonic())  # rows may have become eligible since
                 last_round = True  # its steps and one more claim, at once, not after a poll
             self.progress.show()
             room = any(self._room(ch) for ch in self.children)
@@ -277,7 +290,7 @@ class Supervisor:
         if claimed:
             log_event(logging.INFO, "gave_back", units=len(claimed),
                       reason="stopping: units claimed ahead go back at once")
-        with contextlib.suppress(DatabaseError):  # retried by _maintain
+        with contextlib.suppress(DatabaseError):  # retried by Retries
             self._give_back(claimed)
 
     def _claim(self, source: Worker | None, want: int, held: Counter[str]) -> list[Unit]:
@@ -319,83 +332,28 @@ class Supervisor:
                   retry_in=BROKEN_WORKER_PAUSE)
         self._broken[name] = time.monotonic() + BROKEN_WORKER_PAUSE
 
+    def _paused(self, name: str, now: float) -> bool:
+        """Whether the source ``name`` is left alone after a failure (``_broken_source``)."""
+        return self._broken.get(name, 0.0) > now
+
     # ----- periodic work --------------------------------------------------------------
 
-    def _maintain(self) -> None:
-        now = time.monotonic()
-        third = self.config.LEASE_SECONDS / 3
-        self._retry_releases()
-        if self.retry_unclaim:
-            units.unclaim(self.retry_unclaim)
-            self.retry_unclaim = []
-        if now >= self._next["renew"]:
-            held = [c for ch in self.children for c in ch.sent.values()]
-            held += self.prefetch.units()  # claimed ahead: renewed in the same statement
-            units.renew(self.claimant, held, self.config.LEASE_SECONDS)
-            self.heartbeat.beat(self.children, self.progress.done)
-            self._next["renew"] = now + third
-        if self.tasks is not None:
-            self.tasks.maintain(self.children, self._stop_child, self.prefetch)
-        if now >= self._next["reap"]:
-            reaped = units.reap(self.config.MAX_CRASHES, tasks=self.tasks is not None)
-            if reaped:
-                log_event(logging.WARNING, "reaped", units=reaped,
-                          reason="lease expired")
-            self._next["reap"] = now + min(third, 5.0)
-        if now >= self._next["sweep"]:
-            self._start_sweep(now)
-        for i in list(self.sweeping):
-            sweeper = self.sweepers[i]
-            if self._broken.get(sweeper.worker.name, 0.0) > now:
-                continue
-            try:
-                added, done = sweeper.step()
-            except Exception as exc:
-                self._broken_source(sweeper.worker.name, exc)
-                continue
-            if added:
-                log_event(logging.INFO, "swept", worker=sweeper.worker.name, added=added)
-            if done:
-                self.sweeping.discard(i)
-
-    def _start_sweep(self, now: float) -> None:
-        self.sweeping = set(range(len(self.sweepers)))
-        self._sweep_started = now
-        self._next["sweep"] = now + self.config.SWEEP_INTERVAL
-
-    def _retry_releases(self) -> None:
-        while self.retry_release:
-            c, crashed = self.retry_release[0]
-            units.release(c, crashed=crashed, max_crashes=self.config.MAX_CRASHES)
-            self.retry_release.pop(0)
+    def _held(self) -> list[Unit]:
+        """Units whose leases are ours: running or waiting in a child, or claimed ahead
+        (renewed in the same statement)."""
+        held = [c for ch in self.children for c in ch.sent.values()]
+        return held + self.prefetch.units()
 
     def _database_down(self, exc: DatabaseError) -> None:
-        if self._down_since is None:
-            self._down_since = time.monotonic()
-        self._down_attempts += 1
-        self._backoff = min(max(self._backoff * 2, 0.5), 30.0)
-        log_event(logging.WARNING, "database_error", error=str(exc).strip()[:300],
-                  retry_in=self._backoff)
+        backoff = self.outage.failed(exc)
         with contextlib.suppress(DatabaseError):
             connections[self.using].close()
-        self._wait(self._backoff)
-
-    def _database_up(self) -> None:
-        """After errors, say once that the database answers again: a whole round of work
-        went through on a connection opened since (``_database_down`` closed the last).
-        At the level of ``database_error``, so whoever sees that one sees this too."""
-        if self._down_since is None or connections[self.using].connection is None:
-            return
-        log_event(logging.WARNING, "reconnected",
-                  down_for=round(time.monotonic() - self._down_since, 2),
-                  attempts=self._down_attempts)
-        self._down_since = None
-        self._down_attempts = 0
+        self._wait(backoff)
 
     def _idle_timeout(self) -> float:
         now = time.monotonic()
-        until_renew = self._next["renew"] - now
-        poll = 0.0 if self.sweeping else self.config.POLL_INTERVAL
+        until_renew = self.renewal.every.left(now)
+        poll = 0.0 if self.discovery.sweeping else self.config.POLL_INTERVAL
         expiry = self.prefetch.next_expiry(now)
         if expiry is not None:
             poll = min(poll, expiry)
@@ -529,7 +487,7 @@ class Supervisor:
         their tokens: a no-op for those it recorded."""
         for c in ran:
             self.retry_release.append((c, None))
-        with contextlib.suppress(DatabaseError):  # retried by _maintain
+        with contextlib.suppress(DatabaseError):  # retried by Retries
             self._give_back(never)
 
     def _stop_child(self, ch: Child, c: Unit) -> bool:
@@ -557,7 +515,7 @@ class Supervisor:
                 cut.append(c)
         self._give_back_now(self.prefetch.drain())
         with contextlib.suppress(DatabaseError):
-            self._retry_releases()
+            self.retries.release_all()
         for c in cut:
             log_event(logging.WARNING, "cut_off", **units.describe(c), reason=why)
             try:

@@ -1,0 +1,278 @@
+"""The supervisor's duties (``supervisor/duties/``): one shape, ``due(now)`` / ``run(now)``,
+driven here by a fake clock; then what renewal, reaping, discovery and retention do to
+real rows, and the order the supervisor runs them in."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from django.db import OperationalError
+from django.utils import timezone
+
+from django_dbworker import conf, workers
+from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
+from django_dbworker.rows import store
+from django_dbworker.rows.pending import Sweeper
+from django_dbworker.rows.store import Claimant
+from django_dbworker.supervisor.duties.base import (
+    FAILURE_LOG_INTERVAL,
+    Duties,
+    Every,
+    Periodic,
+)
+from django_dbworker.supervisor.duties.discovery import Discovery
+from django_dbworker.supervisor.duties.leases import Reaping, Renewal, Retries
+from django_dbworker.supervisor.duties.outage import Outage
+from django_dbworker.supervisor.duties.tasks import PRUNE_BATCH, PRUNE_POLL, Cron, Retention
+from tests.testapp import tasks
+from tests.testapp.models import Item
+
+
+class Clock:
+    """Monotonic seconds that move only when a test moves them."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Counting(Periodic):
+    def __init__(self, name: str, interval: float, seen: list[str],
+                 error: Exception | None = None) -> None:
+        super().__init__(interval)
+        self.name = name  # type: ignore[misc]
+        self.seen = seen
+        self.error = error
+
+    def work(self, now: float) -> None:
+        self.seen.append(self.name)
+        if self.error is not None:
+            raise self.error
+
+
+def _events(caplog, event: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(event + " ")]
+
+
+# ----- the shape, with a fake clock ------------------------------------------------------
+
+
+def test_every_is_due_at_once_then_an_interval_after_it_ran():
+    every = Every(10.0)
+    assert every.due(0.0), "a new timer is due at once"
+    every.ran(5.0)
+    assert not every.due(14.9) and every.left(14.9) == pytest.approx(0.1)
+    assert every.due(15.0)
+    every.again()
+    assert every.due(5.0), "again(): due at the next look"
+
+
+def test_a_periodic_duty_is_due_its_interval_after_it_ran():
+    seen: list[str] = []
+    duty = Counting("tick", 3.0, seen)
+    clock = Clock()
+    duties = Duties([duty], clock)
+    for _ in range(3):  # the same instant: run once
+        duties.run_due()
+    clock.now += 2.9
+    duties.run_due()
+    assert seen == ["tick"]
+    clock.now += 0.1
+    duties.run_due()
+    assert seen == ["tick", "tick"]
+
+
+def test_duties_run_in_their_order_and_only_when_due():
+    seen: list[str] = []
+    clock = Clock()
+    duties = Duties([Counting("first", 1.0, seen), Counting("second", 5.0, seen),
+                     Counting("third", 0.0, seen)], clock)
+    duties.run_due()
+    clock.now += 1.0
+    duties.run_due()
+    assert seen == ["first", "second", "third", "first", "third"]
+
+
+def test_a_failing_duty_is_logged_once_per_interval_and_the_others_go_on(caplog):
+    seen: list[str] = []
+    clock = Clock()
+    broken = Counting("broken", 1.0, seen, error=RuntimeError("duty broke"))
+    duties = Duties([broken, Counting("after", 1.0, seen)], clock)
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        for _ in range(5):
+            duties.run_due()
+            clock.now += 1.0
+        clock.now += FAILURE_LOG_INTERVAL
+        duties.run_due()
+    assert seen == ["broken", "after"] * 6, "tried at each interval, never stops the others"
+    lines = _events(caplog, "duty_failed")
+    assert len(lines) == 2, lines
+    assert "duty=broken" in lines[0] and "error=\"RuntimeError: duty broke\"" in lines[0]
+    assert f"next_log_in={FAILURE_LOG_INTERVAL}" in lines[0]
+
+
+def test_a_database_error_goes_up_to_the_outage_and_the_duty_is_due_again_at_once():
+    seen: list[str] = []
+    clock = Clock()
+    failing = Counting("renewal", 10.0, seen, error=OperationalError("server closed"))
+    duties = Duties([failing, Counting("later", 1.0, seen)], clock)
+    with pytest.raises(OperationalError):
+        duties.run_due()
+    assert seen == ["renewal"], "the round stops: the rest would fail on it too"
+    assert failing.due(clock.now), "what it did not do is still to be done"
+    failing.error = None
+    duties.run_due()
+    assert seen == ["renewal", "renewal", "later"]
+    assert not failing.due(clock.now + 9.9)
+
+
+def test_outage_backoff_doubles_from_half_a_second_to_thirty(caplog):
+    clock = Clock()
+    outage = Outage(clock)
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        waits = []
+        for _ in range(9):
+            waits.append(outage.failed(OperationalError("connection refused")))
+            clock.now += waits[-1]
+        outage.went_through(connected=False)  # a round that never touched the database
+        assert outage.backoff == 0.0 and not _events(caplog, "reconnected")
+        outage.went_through(connected=True)
+        outage.went_through(connected=True)
+    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    errors = _events(caplog, "database_error")
+    assert len(errors) == 9 and "retry_in=0.5" in errors[0] and "retry_in=30.0" in errors[-1]
+    assert _events(caplog, "reconnected") == [
+        f"reconnected down_for={round(sum(waits), 2)} attempts=9"]
+    assert outage.failed(OperationalError("again")) == 0.5, "a new outage starts over"
+
+
+class FakeSweeper:
+    def __init__(self, name: str, steps: list[tuple[int, bool] | Exception]) -> None:
+        self.worker = type("W", (), {"name": name})()
+        self.steps = steps
+
+    def step(self) -> tuple[int, bool]:
+        result = self.steps.pop(0)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+def test_discovery_starts_a_pass_each_interval_and_steps_it_each_round(caplog):
+    clock = Clock()
+    failed: list[str] = []
+    paused = {"c"}
+    sweepers = [FakeSweeper("a", [(2, False), (0, True), (0, True)]),
+                FakeSweeper("b", [ValueError("no table"), (1, True), ValueError("again")]),
+                FakeSweeper("c", [(9, True)])]
+    discovery = Discovery(sweepers, 60.0,  # type: ignore[arg-type]
+                          lambda name, now: name in paused,
+                          lambda name, exc: failed.append(name))
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        assert discovery.due(clock.now)
+        discovery.run(clock.now)
+        assert discovery.started == clock.now and discovery.sweeping == {0, 1, 2}
+        assert failed == ["b"]
+        clock.now += 1
+        paused.clear()
+        discovery.run(clock.now)
+    assert discovery.sweeping == set() and not discovery.due(clock.now)
+    assert _events(caplog, "swept") == ["swept worker=a added=2", "swept worker=b added=1",
+                                        "swept worker=c added=9"]
+    clock.now += 59
+    assert discovery.due(clock.now)
+    paused.add("c")
+    discovery.run(clock.now)
+    assert discovery.started == clock.now and discovery.sweeping == {1, 2}
+    assert failed == ["b", "b"] and sweepers[2].steps == [], "c was left alone"
+
+
+# ----- what the duties do to real rows ----------------------------------------------------
+
+
+pytest_db = pytest.mark.django_db(transaction=True)
+
+
+@pytest_db
+def test_renewal_extends_the_leases_held_and_beats():
+    item = Item.objects.create(kind="touch")
+    claimant = Claimant()
+    claims = store.claim(workers["touch"], 1, claimant, 1.0)
+    assert [c.source_key for c in claims] == [str(item.pk)]
+    beats = []
+    renewal = Renewal(claimant, 30.0, lambda: list(claims), lambda: beats.append(1))
+    Duties([renewal], Clock(50.0)).run_due()
+    lease = Execution.objects.get(pk=claims[0].execution_id).lease_expires_at
+    assert lease > timezone.now() + timedelta(seconds=20)
+    assert beats == [1]
+    assert not renewal.due(50.0 + 9.9) and renewal.due(50.0 + 10.0), "a third of the lease"
+
+
+@pytest_db
+def test_reaping_releases_an_expired_lease_and_says_so(caplog):
+    Item.objects.create(kind="touch")
+    (c,) = store.claim(workers["touch"], 1, Claimant(), 30.0)
+    Execution.objects.filter(pk=c.execution_id).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    reaping = Reaping(30.0, 3, tasks=True)
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        Duties([reaping], Clock(0.0)).run_due()
+    execution = Execution.objects.get(pk=c.execution_id)
+    assert execution.state != State.WORKING and execution.crashes == 1
+    assert _events(caplog, "reaped") == ["reaped units=1 reason=\"lease expired\""]
+    assert not reaping.due(4.9) and reaping.due(5.0), "a third of the lease, 5 s at most"
+
+
+@pytest_db
+def test_discovery_finds_rows_written_without_save():
+    Item.objects.bulk_create([Item(kind="touch") for _ in range(5)])
+    assert not Execution.objects.filter(worker="touch").exists()
+    discovery = Discovery([Sweeper(workers["touch"], 2)], 60.0, lambda name, now: False,
+                          lambda name, exc: pytest.fail(f"{name}: {exc}"))
+    clock = Clock()
+    duties = Duties([discovery], clock)
+    rounds = 0
+    while True:
+        duties.run_due()
+        rounds += 1
+        if not discovery.sweeping:
+            break
+    assert Execution.objects.filter(worker="touch").count() == 5
+    assert rounds > 1, "a chunk a round: claims go on between them"
+
+
+@pytest_db
+def test_retention_comes_back_at_once_while_its_batches_are_full():
+    tasks.add.enqueue_many([((i, i), {}) for i in range(PRUNE_BATCH + 1)])
+    TaskRecord.objects.update(status=TaskStatus.SUCCESSFUL,
+                              finished_at=timezone.now() - timedelta(days=30))
+    retention = Retention(replace(conf.get(), RETENTION=60.0))
+    retention.run(0.0)
+    assert TaskRecord.objects.count() == 1
+    assert retention.due(0.0), "a full batch: more to do at the next round"
+    retention.run(0.0)
+    assert not TaskRecord.objects.exists()
+    assert not retention.due(PRUNE_POLL - 0.1) and retention.due(PRUNE_POLL)
+    assert not Retention(replace(conf.get(), RETENTION=None)).due(0.0)
+
+
+@pytest_db
+def test_the_supervisor_runs_renewal_right_after_the_retried_writes():
+    from django_dbworker.supervisor.supervisor import Options, Supervisor
+
+    supervisor = Supervisor(Options(workers=[workers["touch"]], tasks=True, concurrency=1),
+                            conf.get(), None)
+    try:
+        assert [d.name for d in supervisor.duties.duties] == [
+            "retries", "renewal", "task_stops", "cron", "retention", "reaping", "discovery"]
+        assert isinstance(supervisor.duties.duties[0], Retries)
+        assert isinstance(supervisor.duties.duties[3], Cron)
+        assert supervisor.retry_release is supervisor.retries.releases
+    finally:
+        supervisor._wake_r.close()
+        supervisor._wake_w.close()
