@@ -140,6 +140,7 @@ def test_commit_counter_tells_another_connections_commit(vendor):
 def test_capability_flags_are_what_each_database_does(vendor):
     e = engine()
     assert e.notifies == (vendor == "postgresql")
+    assert e.commits_with_completion == (vendor == "postgresql")
     assert e.watches_commits == (vendor == "sqlite")
     assert e.checks_lease_on_record == (vendor != "sqlite")
     assert e.progress_in_handler_transaction == (vendor == "sqlite")

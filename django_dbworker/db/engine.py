@@ -37,6 +37,9 @@ class Engine:
     checks_lease_on_record: ClassVar[bool] = True
     #: Supervisors can be woken by the writer's transaction (LISTEN/NOTIFY).
     notifies: ClassVar[bool] = False
+    #: A row's completion may COMMIT in the same query when it ends its transaction
+    #: (``complete(..., final=True)``); the runner only works out ``final`` where it can.
+    commits_with_completion: ClassVar[bool] = False
     #: An idle supervisor can learn cheaply that another connection committed.
     watches_commits: ClassVar[bool] = False
     #: ``set_progress()`` inside a transactional handler writes in the handler's own

@@ -42,6 +42,7 @@ _ENDED = "dbworker: the transaction of the handler ended before its completion"
 class PostgreSQL(Engine):
     vendor = "postgresql"
     notifies: ClassVar[bool] = True
+    commits_with_completion: ClassVar[bool] = True
     marker_sql: ClassVar[str | None] = "transaction_timestamp()"
 
     # ----- connections ------------------------------------------------------------------

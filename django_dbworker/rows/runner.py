@@ -166,7 +166,7 @@ def _final(worker: Worker, check: TransactionCheck | None) -> bool:
     engine may then COMMIT with it: a transactional handler's, the outermost transaction
     (not a savepoint, as under ``run_until_idle`` in a test's transaction), and nothing to
     write after it (no sibling workers to make the row pending for)."""
-    if check is None or check.begun is None:
+    if check is None or check.begun is None or not check.engine.commits_with_completion:
         return False
     connection = connections[check.using]
     return (len(connection.atomic_blocks) == 1 and connection.commit_on_exit
