@@ -40,6 +40,22 @@ class State(models.TextChoices):
 CLAIMABLE = (State.PENDING, State.UNFINISHED)
 
 
+class Transition(frozenset[str]):
+    """One change of state in a store's table (``TRANSITIONS``): the states it may start
+    from (the set itself: the guard of its UPDATE) and, as ``to``, the states it may leave
+    (empty: the row is deleted)."""
+
+    to: frozenset[str]
+
+    def __new__(cls, sources: Iterable[str], *, to: Iterable[str]) -> Transition:
+        transition = super().__new__(cls, sources)
+        transition.to = frozenset(to)
+        return transition
+
+    def __repr__(self) -> str:
+        return f"Transition({sorted(self)} -> {sorted(self.to)})"
+
+
 def _in(states: Iterable[str], field: str) -> Q:
     """``field IN ('A', 'B')`` with the names written into the SQL, as the claim queries
     write them, so that a partial index on the same states matches (``rows.queries``)."""

@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import TransactionEnded, compiled, engine, engine_for
-from ..models import CLAIMABLE, Execution, Failure, State
+from ..models import CLAIMABLE, Execution, Failure, State, Transition
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
 from . import keys
@@ -47,15 +47,17 @@ from .unit import RowUnit
 #: The partial index the claim reads (``Execution.Meta.indexes``).
 CLAIM_INDEX = "dbworker_execution_claimable"
 
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "claim": frozenset({State.PENDING, State.UNFINISHED}),
-    "complete": frozenset({State.WORKING}),
-    "fail": frozenset({State.WORKING}),
-    "release": frozenset({State.WORKING}),
-    "reap": frozenset({State.WORKING}),
-    "unclaim": frozenset({State.WORKING}),
-    "reset_failed": frozenset({State.FAILED}),
-    "reprocess": frozenset({State.FAILED, State.FINISHED}),
+#: The state machine as data: each change's guard (the states it starts from) and the
+#: states it leads to (``Transition.to``); the table above, checked by tests/test_state_machine.py.
+TRANSITIONS: dict[str, Transition] = {
+    "claim": Transition({State.PENDING, State.UNFINISHED}, to={State.WORKING}),
+    "complete": Transition({State.WORKING}, to={State.FINISHED, State.UNFINISHED}),
+    "fail": Transition({State.WORKING}, to={State.FAILED}),
+    "release": Transition({State.WORKING}, to={State.UNFINISHED, State.FAILED}),
+    "reap": Transition({State.WORKING}, to={State.UNFINISHED, State.FAILED}),
+    "unclaim": Transition({State.WORKING}, to={State.PENDING, State.UNFINISHED}),
+    "reset_failed": Transition({State.FAILED}, to={State.UNFINISHED}),
+    "reprocess": Transition({State.FAILED, State.FINISHED}, to={State.UNFINISHED}),
 }
 
 

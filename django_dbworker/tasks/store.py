@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import compiled, engine, engine_for, notify, sources
-from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus
+from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus, Transition
 from ..rows.queries import in_states
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
 from . import enqueue as newtasks
@@ -41,14 +41,21 @@ from .unit import TaskUnit
 
 KEY_NAMESPACE = newtasks.KEY_NAMESPACE
 
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "claim": frozenset(TASK_CLAIMABLE),
-    "finish": frozenset({TaskStatus.RUNNING}),
-    "unclaim": frozenset({TaskStatus.RUNNING}),
-    "cancel_waiting": frozenset({TaskStatus.READY, TaskStatus.RETRYING}),
-    "cancel_running": frozenset({TaskStatus.RUNNING}),
-    "retry": frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED}),
-    "purge": frozenset(TASK_CLAIMABLE),
+#: The state machine as data: each change's guard (the statuses it starts from) and the
+#: statuses it leads to (``Transition.to``; empty: deleted); the table above, checked by
+#: tests/test_status.py. "finish" is every record of a claimed attempt (succeed,
+#: fail_attempt, release, the supervisor's records of timeouts and cancels).
+TRANSITIONS: dict[str, Transition] = {
+    "claim": Transition(TASK_CLAIMABLE, to={TaskStatus.RUNNING}),
+    "finish": Transition({TaskStatus.RUNNING}, to={
+        TaskStatus.SUCCESSFUL, TaskStatus.RETRYING, TaskStatus.FAILED, TaskStatus.READY,
+        TaskStatus.CANCELLED}),
+    "unclaim": Transition({TaskStatus.RUNNING}, to={TaskStatus.READY}),
+    "cancel_waiting": Transition({TaskStatus.READY, TaskStatus.RETRYING},
+                                 to={TaskStatus.CANCELLED}),
+    "cancel_running": Transition({TaskStatus.RUNNING}, to={TaskStatus.CANCELLED}),
+    "retry": Transition({TaskStatus.FAILED, TaskStatus.CANCELLED}, to={TaskStatus.READY}),
+    "purge": Transition(TASK_CLAIMABLE, to=()),
 }
 
 
