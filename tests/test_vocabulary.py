@@ -218,7 +218,7 @@ def sql(qs):
     (lambda: TaskRecord.objects.finished(), "IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')"),
 ])
 def test_status_filters_write_the_states_as_their_partial_indexes_do(qs, written):
-    """As ``rows.queries.in_states``: constants in the SQL text, in the order of the index's
+    """As ``models.in_states``: constants in the SQL text, in the order of the index's
     condition, so SQLite and PostgreSQL can prove the partial index applies."""
     text, params = sql(qs())
     assert written in text

@@ -19,39 +19,15 @@ Two details keep it that way (``tests/test_claim_plan.py`` checks the plans):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, F, OrderBy, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import Exists, F, OrderBy, OuterRef, QuerySet, Subquery
 
 from ..db import engine_for
-from ..models import CLAIMABLE, Execution
+from ..models import Execution
 from ..registry import Worker
 from . import keys
-
-
-class StateConstant(Value):
-    """One of our own state names, written into the SQL text instead of bound."""
-
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
-        value = str(self.value)
-        if not value.isalpha():  # only our State names ever come here; never quote input
-            raise ValueError(f"not a state name: {value!r}")
-        return f"'{value}'", []
-
-
-def in_states(states: Iterable[str], field: str = "state") -> Q:
-    """``state IN ('A', 'B')`` with the names inline, so it matches a partial index.
-
-    Give the states in the order of the index's condition (SQLite compares the lists as
-    written). One state is written ``state = 'A'``: SQLite matches an index's
-    ``WHERE state = 'A'`` only by that very form, not by ``state IN ('A')``.
-    """
-    names = [str(state) for state in states]
-    if len(names) == 1:
-        return Q(**{field: StateConstant(names[0])})
-    return Q(**{f"{field}__in": [StateConstant(name) for name in names]})
 
 
 class Probe(Exists):
@@ -75,8 +51,8 @@ def candidates(worker: Worker, now: datetime, using: str) -> QuerySet[Execution]
     eligible = worker.eligible_queryset()
     model = worker.source
     pk_of_unit = keys.pk_expression(model, OuterRef("source_id"))
-    qs = Execution.objects.using(using).filter(
-        in_states(CLAIMABLE), worker=worker.name, available_at__lte=now
+    qs = Execution.objects.using(using).claimable().filter(
+        worker=worker.name, available_at__lte=now
     )
     qs = qs.filter(Probe(eligible.order_by().filter(pk=pk_of_unit)))
     return _order(qs, worker, eligible, pk_of_unit)

@@ -37,11 +37,11 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import TransactionEnded, compiled, engine, engine_for
-from ..models import CLAIMABLE, Execution, Failure, State, Transition
+from ..models import Execution, Failure, State, Transition
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
 from . import keys
-from .queries import candidates, in_states
+from .queries import candidates
 from .unit import RowUnit
 
 #: The partial index the claim reads (``Execution.Meta.indexes``).
@@ -454,8 +454,9 @@ def renew(claimant: Claimant, execution_ids: list[int], lease: float) -> int:
 
 def expired(now: datetime, using: str) -> Any:
     """The units whose lease expired, read through the index ``dbworker_execution_working``."""
-    return Execution.objects.using(using).filter(
-        in_states(TRANSITIONS["reap"]), lease_expires_at__lt=now
+    assert TRANSITIONS["reap"] == {State.WORKING}  # the index of ``working()``
+    return Execution.objects.using(using).working().filter(
+        lease_expires_at__lt=now
     ).values_list("id", "attempts", "crashes", "token")[:1000]
 
 
@@ -492,8 +493,8 @@ def reset_failed(worker: Worker, pk: Any) -> bool:
 
 def waiting(worker: Worker) -> int:
     """Units of ``worker`` waiting to be claimed (eligible or not)."""
-    return Execution.objects.using(_alias()).filter(
-        in_states(CLAIMABLE), worker=worker.name  # counted in the claim index
+    return Execution.objects.using(_alias()).claimable().filter(
+        worker=worker.name  # counted in the claim index
     ).count()
 
 

@@ -33,8 +33,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import compiled, engine, engine_for, notify, sources
-from ..models import TASK_CLAIMABLE, TASK_FINISHED, TaskRecord, TaskStatus, Transition
-from ..rows.queries import in_states
+from ..models import TASK_CLAIMABLE, TaskRecord, TaskStatus, Transition
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
 from . import enqueue as newtasks
 from .unit import TaskUnit
@@ -172,9 +171,7 @@ def claim(
     exclude = tuple(exclude_paths)
 
     def build(at: datetime) -> Any:
-        inner = TaskRecord.objects.using(using).filter(
-            in_states(TASK_CLAIMABLE, "status"), available_at__lte=at
-        )
+        inner = TaskRecord.objects.using(using).ready(at)
         if queues is not None:
             inner = inner.filter(queue_name__in=queues)
         if only_path is not None:
@@ -395,8 +392,8 @@ def reap(max_crashes: int) -> int:
     using = _alias()
     now = timezone.now()
     rows = list(
-        TaskRecord.objects.using(using)
-        .filter(status=TaskStatus.RUNNING, lease_expires_at__lt=now)
+        TaskRecord.objects.using(using).running()  # the index dbworker_task_running
+        .filter(lease_expires_at__lt=now)
         .values_list("pk", "task_path", "attempts", "token")[:1000]
     )
     info = FailureInfo(
@@ -459,8 +456,8 @@ def prune_batch(cutoff: datetime, batch: int) -> int:
     """Delete up to ``batch`` tasks that finished before ``cutoff``."""
     using = _alias()
     ids = list(
-        TaskRecord.objects.using(using)
-        .filter(in_states(TASK_FINISHED, "status"), finished_at__lt=cutoff)
+        TaskRecord.objects.using(using).finished()
+        .filter(finished_at__lt=cutoff)
         .values_list("pk", flat=True)[:batch]
     )
     if not ids:
