@@ -75,3 +75,15 @@ class RunOutcome(StrEnum):
     LEASE_LOST = "lease_lost"
     #: The process running it died; the unit was released (FAILED after ``MAX_CRASHES``).
     CRASHED = "crashed"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One run of a unit, as its runner reports it (``rows.runner``, ``tasks.runner``) and
+    the supervisor counts it."""
+
+    unit_id: int | str
+    worker: str
+    outcome: RunOutcome
+    seconds: float
+    error: str = ""

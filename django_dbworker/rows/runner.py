@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
@@ -21,23 +20,15 @@ from ..db import TransactionEnded, engine, sources
 from ..db.connections import TransactionCheck, connected
 from ..exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from ..logs import log_event
-from ..outcomes import Finished, Unfinished
+from ..outcomes import Finished, Result, RunOutcome, Unfinished
 from ..registry import Worker, workers
 from . import keys, pending, store
 from .store import Claim, FailureInfo
 
 logger = logging.getLogger("django_dbworker")
 
-FINISHED, UNFINISHED, FAILED, LOST, GONE = "finished", "unfinished", "failed", "lease_lost", "gone"
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    unit_id: int | str
-    worker: str
-    outcome: str
-    seconds: float
-    error: str = ""
+FINISHED, UNFINISHED, FAILED = RunOutcome.FINISHED, RunOutcome.UNFINISHED, RunOutcome.FAILED
+LOST, GONE = RunOutcome.LEASE_LOST, RunOutcome.GONE
 
 
 class _SourceGone(Exception):

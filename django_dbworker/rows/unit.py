@@ -16,8 +16,8 @@ from ..logs import log_event
 if TYPE_CHECKING:
     import uuid
 
+    from ..outcomes import Result
     from ..tasks.completions import Kept
-    from .runner import Result
     from .store import Claim, Claimant, FailureInfo
 
 
@@ -69,7 +69,7 @@ class RowUnit:
         return run(self._claim())
 
     def result(self, outcome: str, seconds: float, error: str = "") -> Result:
-        from .runner import Result
+        from ..outcomes import Result
 
         return Result(self.execution_id, self.worker, outcome, seconds, error)
 

@@ -19,9 +19,9 @@ from django.db import DatabaseError, connections
 from .. import conf
 from ..db.connections import connected, own_process
 from ..logs import log_event, logger
+from ..outcomes import RunOutcome
 from ..registry import Worker
 from ..rows import pending, store
-from ..rows.runner import LOST as LEASE_LOST
 from ..rows.store import Claimant, FailureInfo
 from . import pool, units
 from .caps import Caps
@@ -427,7 +427,7 @@ class Supervisor:
             c = ch.reported(seq)
             if kind == "result":
                 (result,) = details
-                if result.outcome == LEASE_LOST and c is not None:
+                if result.outcome == RunOutcome.LEASE_LOST and c is not None:
                     # Its lease expired before it could record (this supervisor could not
                     # renew it): give it back now rather than when a reaper finds it.
                     # Fenced by the token: nothing changes if another process took it over.
@@ -447,7 +447,7 @@ class Supervisor:
                 log_event(logging.ERROR, "unit_unrecordable", child=ch.pid,
                           error=f"{info.exception_class}: {info.message}"[:300],
                           record_error=error[:300])
-                self.progress.add("crashed")
+                self.progress.add(RunOutcome.CRASHED)
                 if c is not None:
                     self.retry_release.append((c, FailureInfo(
                         info.exception_class,
@@ -467,7 +467,7 @@ class Supervisor:
                 CHILD_DIED,
                 f"the process running this unit (pid {ch.pid}) died while running it: {how}",
             )
-            self.progress.add("crashed")
+            self.progress.add(RunOutcome.CRASHED)
             log_event(logging.ERROR, "child_died", **units.describe(c), child=ch.pid, reason=how)
             try:
                 units.release(c, crashed=crashed, max_crashes=self.config.MAX_CRASHES)

@@ -26,7 +26,7 @@ from ..tasks import store as taskstore
 from ..tasks.unit import TASKS
 
 if TYPE_CHECKING:
-    from ..rows.runner import Result
+    from ..outcomes import Result
     from ..tasks.completions import Kept
 
 

@@ -22,7 +22,7 @@ from ..db.connections import connected
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..logs import log_event
 from ..models import TaskStatus
-from ..rows.runner import Result
+from ..outcomes import Result, RunOutcome
 from ..rows.store import FailureInfo, class_path, format_traceback, recording, safe_message
 from . import registry as task_registry
 from . import retry
@@ -33,7 +33,8 @@ from .store import TaskClaim
 
 logger = logging.getLogger("django_dbworker")
 
-SUCCESSFUL, RETRYING, FAILED, LOST = "successful", "retrying", "failed", "lease_lost"
+SUCCESSFUL, RETRYING = RunOutcome.SUCCESSFUL, RunOutcome.RETRYING
+FAILED, LOST = RunOutcome.FAILED, RunOutcome.LEASE_LOST
 LOST_WHY = ("cancelled, taken over, or its lease expired (its supervisor could not renew "
             "it) before it finished; not recorded")
 
