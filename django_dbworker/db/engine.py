@@ -192,6 +192,13 @@ class Engine:
     def notify(self, connection: BaseDatabaseWrapper, channel: str, what: str) -> None:
         """Announce ``what`` on ``channel`` when the current transaction commits."""
 
+    def listen(self, connection: BaseDatabaseWrapper, channel: str) -> Any:
+        """A connection of its own (``connection``'s parameters, autocommit) listening on
+        ``channel``: it has ``closed``, ``fileno()`` (the socket to wait on),
+        ``received()`` (the payloads announced since the last call; raises once the
+        connection is lost) and ``close()``. Only where the engine ``notifies``."""
+        raise self.unsupported("listening for announcements")
+
     def commit_counter(self, connection: BaseDatabaseWrapper) -> int | None:
         """A number that changes when another connection commits (None: unknown)."""
         return None

@@ -245,10 +245,44 @@ class PostgreSQL(Engine):
 
     # ----- wake-ups ---------------------------------------------------------------------
 
+    def listen(self, connection: BaseDatabaseWrapper, channel: str) -> Listening:
+        import psycopg
+
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        raw = psycopg.connect(**params, autocommit=True)
+        try:
+            raw.execute(f"LISTEN {channel}")
+        except BaseException:
+            raw.close()
+            raise
+        return Listening(raw)
+
     def notify(self, connection: BaseDatabaseWrapper, channel: str, what: str) -> None:
         """Delivered when (and only if) the writer's transaction commits."""
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [channel, what])
+
+
+class Listening:
+    """A psycopg connection of its own, in autocommit mode, LISTENing (``PostgreSQL.listen``)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.raw.closed)
+
+    def fileno(self) -> int:
+        return int(self.raw.fileno())
+
+    def received(self) -> set[str]:
+        return {n.payload for n in self.raw.notifies(timeout=0)}
+
+    def close(self) -> None:
+        self.raw.close()
 
 
 def _jsonable(value: Any) -> Any:

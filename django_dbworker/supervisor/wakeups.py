@@ -1,4 +1,5 @@
-"""Wake-ups of an idle supervisor: LISTEN (PostgreSQL) and commit watching (SQLite)."""
+"""Wake-ups of an idle supervisor: listening for announcements where the engine notifies
+(PostgreSQL's LISTEN) and commit watching where it can tell (SQLite)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ RETRY = (1.0, 30.0)
 
 
 class Listener:
-    """A psycopg connection of its own in autocommit mode, LISTENing on our channel.
+    """A connection of its own listening on our channel (``Engine.listen``).
 
-    When LISTEN cannot be set up (the database is down, a pooler refuses it) the supervisor
+    When listening cannot be set up (the database is down, a pooler refuses it) the supervisor
     polls; LISTEN is tried again after 1 s, doubling up to 30 s, and the failure is logged
     once (``listen_failed``) until it works again (``listening``).
     """
@@ -46,7 +47,7 @@ class Listener:
         if self._conn is None:
             return set()
         try:
-            return {n.payload for n in self._conn.notifies(timeout=0)}
+            return self._conn.received()
         except Exception as exc:  # a lost LISTEN falls back to polling
             log_event(logging.WARNING, "listen_lost", error=str(exc)[:200])
             self.close()
@@ -59,15 +60,9 @@ class Listener:
         self._conn = None
 
     def _connect(self) -> None:
-        import psycopg
-
-        wrapper = connections[self.using]
-        params = wrapper.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
+        connection = connections[self.using]
         try:
-            self._conn = psycopg.connect(**params, autocommit=True)
-            self._conn.execute(f"LISTEN {CHANNEL}")
+            self._conn = engine_for(connection).listen(connection, CHANNEL)
         except Exception as exc:  # polling still works without it
             self.close()
             self._delay = min(max(self._delay * 2, RETRY[0]), RETRY[1])
