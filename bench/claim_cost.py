@@ -13,10 +13,12 @@ Each for a pk-ordered worker (``by_pk``) and a worker ordered by another indexed
 (``by_priority``), claiming 1 and 10 units at a time. Two figures per case, in µs:
 
 - ``claim``: the whole ``store.claim()`` call as the supervisor makes it (build and compile
-  the query, one UPDATE ... RETURNING, COMMIT). The claimed units are then put back (not
-  timed), so every repetition sees the same table.
-- ``statement``: only the claim statement on the database (execute + fetch), inside a
-  transaction that is rolled back.
+  the query, the claim's statements (``Engine.claim``), COMMIT). The claimed units are then
+  put back (not timed), so every repetition sees the same table.
+- ``statement``: only the statement that finds the candidates, on the database (execute +
+  fetch), inside a transaction that is rolled back: on PostgreSQL the whole claim (one
+  UPDATE), on SQLite the candidate SELECT (the UPDATE of the ids it found, by primary key,
+  is in ``claim``).
 
 Writes bench/results/claim_cost.json (with the plans: EXPLAIN ANALYZE on PostgreSQL,
 EXPLAIN QUERY PLAN on SQLite) and prints a Markdown table. Target: large within 1.5x of small.
@@ -180,7 +182,8 @@ def put_back(execution_ids: list[int], alias: str) -> None:
 
 
 def statement(worker_name: str, limit: int, alias: str) -> tuple[str, list[Any]]:
-    """The claim statement ``store.claim()`` would send now (call inside a transaction)."""
+    """The first (PostgreSQL: the only) statement ``store.claim()`` would send now (call
+    inside a transaction): the one that finds the candidates."""
     from django.utils import timezone
 
     from django_dbworker.registry import workers

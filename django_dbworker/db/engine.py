@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from django.core.checks import CheckMessage
@@ -22,6 +23,27 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 class TransactionEnded(Exception):
     """A completion ran in another transaction than the one its handler began."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A claim as the stores describe it to the engine: which rows, in what order, and what
+    to write to them. The engine decides how many statements that takes."""
+
+    #: The table, quoted.
+    table: str
+    #: ``SET`` of the UPDATE (``state = %s, ...``), and its parameters.
+    sets: str
+    set_params: Sequence[Any]
+    #: ``SELECT id FROM ... ORDER BY ... LIMIT n`` (``FOR UPDATE SKIP LOCKED`` where the
+    #: database has it): the units to claim, in the order they must be claimed.
+    candidates: str
+    candidate_params: Sequence[Any]
+    #: Columns the claim returns of each claimed row; the first is its id.
+    returning: str
+    #: The partial index ``candidates`` must read (an engine whose planner may stray names
+    #: it), or None.
+    index: str | None = None
 
 
 class Engine:
@@ -141,12 +163,34 @@ class Engine:
             self.execute_completion(cursor, sql, params)
             return cursor.rowcount
 
-    # ----- SQL fragments ----------------------------------------------------------------
+    # ----- claims -----------------------------------------------------------------------
 
-    def pick(self, inner_sql: str, table: str, index: str) -> str:
-        """The WHERE of a row claim's UPDATE: the ids its candidate subquery selects
-        (``inner_sql``, over ``table``, whose claim index is ``index``)."""
-        return f"id IN ({inner_sql})"
+    def claim(self, cursor: Any, claim: Claim) -> list[tuple[Any, ...]]:
+        """Claim the candidates of ``claim``; the rows it returns, in the candidates' order
+        (a batch keeps eligible's order and the tasks' priority order). Run in the
+        transaction of ``one_statement()``.
+
+        Here: the candidates' ids first, then one UPDATE of those ids, the rows sorted by
+        the ids' positions; the caller's transaction holds them meanwhile (locked by ``FOR
+        UPDATE``, or by the database's only write lock)."""
+        sql, params = self.claim_statement(claim)
+        cursor.execute(sql, params)
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return []
+        marks = ", ".join(["%s"] * len(ids))
+        self.execute_status(cursor, f"UPDATE {claim.table} SET {claim.sets} "
+                                    f"WHERE id IN ({marks}) RETURNING {claim.returning}",
+                            [*claim.set_params, *ids])
+        position = {value: i for i, value in enumerate(ids)}
+        return sorted(cursor.fetchall(), key=lambda row: position[row[0]])
+
+    def claim_statement(self, claim: Claim) -> tuple[str, list[Any]]:
+        """The first statement ``claim()`` sends, with its parameters (``EXPLAIN`` it to see
+        how the candidates are found)."""
+        return claim.candidates, list(claim.candidate_params)
+
+    # ----- SQL fragments ----------------------------------------------------------------
 
     def probe_template(self) -> str | None:
         """The template of the EXISTS that tests one waiting unit's source row (None:

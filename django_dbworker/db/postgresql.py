@@ -22,7 +22,7 @@ from django.db.models import JSONField
 
 from .. import conf
 from . import prepared
-from .engine import Engine, TransactionEnded
+from .engine import Claim, Engine, TransactionEnded
 
 #: The end of a row completion's WHERE: no WAL flush at COMMIT for a transaction that wrote
 #: nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a transaction
@@ -194,11 +194,26 @@ class PostgreSQL(Engine):
 
     # ----- SQL fragments ----------------------------------------------------------------
 
-    def pick(self, inner_sql: str, table: str, index: str) -> str:
-        # The candidates are picked once (an InitPlan), then updated by primary key. With
-        # ``id IN (...)`` the planner may join instead: a sequential scan of the whole table
-        # for a small one, and a join may run a LIMIT ... SKIP LOCKED subquery again.
-        return f"id = ANY(ARRAY({inner_sql}))"
+    def claim(self, cursor: Any, claim: Claim) -> list[tuple[Any, ...]]:
+        """One statement: the candidates' ids become one array, the UPDATE finds its rows
+        by primary key in it and returns each row's position in it."""
+        sql, params = self.claim_statement(claim)
+        self.execute_status(cursor, sql, params)
+        return [row[:-1] for row in sorted(cursor.fetchall(), key=lambda row: row[-1])]
+
+    def claim_statement(self, claim: Claim) -> tuple[str, list[Any]]:
+        # The candidates are picked once, into an array (an InitPlan in a materialized CTE),
+        # then updated by primary key: ``id = ANY(...)`` through the primary key index, one
+        # row's CTE on the outer side of the join whatever the statistics say. With
+        # ``id IN (subquery)`` the planner may join instead: a sequential scan of the whole
+        # table for a small one, and a join may run a LIMIT ... SKIP LOCKED subquery again.
+        # RETURNING has no order: each row says its place in the array.
+        table = claim.table
+        sql = (f"WITH picked AS MATERIALIZED (SELECT ARRAY({claim.candidates}) AS ids) "
+               f"UPDATE {table} SET {claim.sets} FROM picked "
+               f"WHERE {table}.id = ANY(picked.ids) "
+               f"RETURNING {claim.returning}, array_position(picked.ids, {table}.id)")
+        return sql, [*claim.candidate_params, *claim.set_params]
 
     def probe_template(self) -> str | None:
         # A plain EXISTS becomes a semi-join; when the claim must look at every waiting unit

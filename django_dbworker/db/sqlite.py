@@ -20,7 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import conf
 from . import direct
-from .engine import Engine, TransactionEnded
+from .engine import Claim, Engine, TransactionEnded
 
 #: Seconds between the tries of a SQLite write lock that was busy, before waiting for it
 #: the way SQLite does (about 20 ms in all).
@@ -153,11 +153,14 @@ class SQLite(Engine):
 
     # ----- SQL fragments ----------------------------------------------------------------
 
-    def pick(self, inner_sql: str, table: str, index: str) -> str:
-        # Statistics (ANALYZE, PRAGMA optimize) of a table whose units are all waiting make
-        # SQLite scan and sort the whole table for LIMIT 1 or 2: name the index.
-        inner_sql = inner_sql.replace(f"FROM {table} ", f"FROM {table} INDEXED BY {index} ", 1)
-        return f"id IN ({inner_sql})"
+    def claim_statement(self, claim: Claim) -> tuple[str, list[Any]]:
+        sql = claim.candidates
+        if claim.index is not None:
+            # Statistics (ANALYZE, PRAGMA optimize) of a table whose units are all waiting
+            # make SQLite scan and sort the whole table for LIMIT 1 or 2: name the index.
+            table = claim.table
+            sql = sql.replace(f"FROM {table} ", f"FROM {table} INDEXED BY {claim.index} ", 1)
+        return sql, list(claim.candidate_params)
 
     def json_append(self, column: str) -> str:
         return f"json_insert({column}, '$[#]', %s)"

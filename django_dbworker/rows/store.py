@@ -37,6 +37,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import TransactionEnded, compiled, engine, engine_for
+from ..db.engine import Claim as EngineClaim
 from ..models import Execution, Failure, State, Transition
 from ..outcomes import Finished, Outcome, Unfinished
 from ..registry import Worker
@@ -172,7 +173,7 @@ def _prep(name: str, value: Any, using: str) -> Any:
     return Execution._meta.get_field(name).get_db_prep_save(value, connections[using])
 
 
-def claim_sql(
+def claim_parts(
     worker: Worker,
     limit: int,
     claimant: Claimant,
@@ -180,16 +181,13 @@ def claim_sql(
     token: uuid.UUID,
     now: datetime,
     expires: datetime,
-) -> tuple[str, list[Any]]:
-    """The claim statement and its parameters, without running it (``EXPLAIN`` it in tests).
-
-    Run it in a transaction, or alone in autocommit mode: it is one statement. Its candidate
-    subquery (``SELECT ... FOR UPDATE SKIP LOCKED``) is compiled once per worker and claim
-    size when its SQL cannot change (``compiled``).
-    """
+) -> EngineClaim:
+    """The claim of up to ``limit`` units of ``worker``, as the engine runs it (``Engine.claim``):
+    its candidate query (``SELECT ... FOR UPDATE SKIP LOCKED`` in eligible's order, compiled
+    once per worker and claim size when its SQL cannot change: ``compiled``) and the state
+    it writes."""
     using = _alias()
     connection = connections[using]
-    table = connection.ops.quote_name(Execution._meta.db_table)
 
     def build(at: datetime) -> Any:
         inner = candidates(worker, at, using).values("id")[:limit]
@@ -200,44 +198,58 @@ def claim_sql(
     inner_sql, inner_params = compiled.sql_with_now(
         ("execution", worker.name, limit), worker, build, now, using,
         cacheable=worker.static_eligible)
-    index = connection.ops.quote_name(CLAIM_INDEX)
-    picked = engine_for(connection).pick(inner_sql, table, index)
-    sql = (
-        f"UPDATE {table} SET state = %s, token = %s, supervisor_id = %s, "
-        "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
-        "started_at = %s, finished_at = NULL, lease_expires_at = %s "
-        f"WHERE {picked} RETURNING id, source_id, attempts"
-    )
     field = Execution._meta.get_field
-    params = [
-        State.WORKING,
-        field("token").get_db_prep_save(token, connection),
-        field("supervisor_id").get_db_prep_save(claimant.supervisor_id, connection),
-        claimant.host,
-        claimant.pid,
-        field("started_at").get_db_prep_save(now, connection),
-        field("lease_expires_at").get_db_prep_save(expires, connection),
-        *inner_params,
-    ]
-    return sql, params
+    return EngineClaim(
+        table=connection.ops.quote_name(Execution._meta.db_table),
+        sets=("state = %s, token = %s, supervisor_id = %s, claimed_host = %s, "
+              "claimed_pid = %s, attempts = attempts + 1, started_at = %s, "
+              "finished_at = NULL, lease_expires_at = %s"),
+        set_params=[
+            State.WORKING,
+            field("token").get_db_prep_save(token, connection),
+            field("supervisor_id").get_db_prep_save(claimant.supervisor_id, connection),
+            claimant.host,
+            claimant.pid,
+            field("started_at").get_db_prep_save(now, connection),
+            field("lease_expires_at").get_db_prep_save(expires, connection),
+        ],
+        candidates=inner_sql,
+        candidate_params=inner_params,
+        returning="id, source_id, attempts",
+        index=connection.ops.quote_name(CLAIM_INDEX),
+    )
+
+
+def claim_sql(
+    worker: Worker,
+    limit: int,
+    claimant: Claimant,
+    *,
+    token: uuid.UUID,
+    now: datetime,
+    expires: datetime,
+) -> tuple[str, list[Any]]:
+    """The first statement of the claim and its parameters, without running it (``EXPLAIN``
+    it in tests: it finds the candidates)."""
+    parts = claim_parts(worker, limit, claimant, token=token, now=now, expires=expires)
+    return engine().claim_statement(parts)
 
 
 def one_statement(using: str) -> Any:
-    """The transaction a single claim statement runs in (``Engine.one_statement``)."""
+    """The transaction a claim runs in (``Engine.one_statement``)."""
     connection = connections[using]
     return engine_for(connection).one_statement(connection)
 
 
 def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[Claim]:
-    """Claim up to ``limit`` units of ``worker`` in one statement; committed on return."""
+    """Claim up to ``limit`` units of ``worker``, in eligible's order; committed on return."""
     using = _alias()
     now = timezone.now()
     expires = now + timedelta(seconds=lease)
     token = uuid.uuid4()
-    sql, params = claim_sql(worker, limit, claimant, token=token, now=now, expires=expires)
+    parts = claim_parts(worker, limit, claimant, token=token, now=now, expires=expires)
     with one_statement(using), connections[using].cursor() as cursor:
-        engine(using).execute_status(cursor, sql, params)
-        rows = cursor.fetchall()
+        rows = engine(using).claim(cursor, parts)
     return [Claim(row[0], worker.name, row[1], token, row[2], expires) for row in rows]
 
 

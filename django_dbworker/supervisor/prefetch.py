@@ -87,8 +87,14 @@ class Prefetch:
         else:
             self.average += SMOOTHING * (seconds - self.average)
 
-    def put(self, claimed: list[Unit], now: float) -> None:
-        self.waiting.extend(Waiting(c, now) for c in claimed)
+    def put(self, claimed: list[Unit], now: float, *, front: bool = False) -> None:
+        """Keep ``claimed`` (in their claim order) until a child has room: behind the units
+        waiting already, or, ``front``, before them (units taken back from a child were
+        claimed before those)."""
+        if front:
+            self.waiting.extendleft(Waiting(c, now) for c in reversed(claimed))
+        else:
+            self.waiting.extend(Waiting(c, now) for c in claimed)
 
     def take(self, n: int = 1, allowed: Callable[[Unit], bool] | None = None) -> list[Unit]:
         """Up to ``n`` units, oldest first; with ``allowed``, only the units it accepts

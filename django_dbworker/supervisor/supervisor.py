@@ -204,9 +204,8 @@ class Supervisor:
     def _unstick(self, now: float) -> None:
         """Units waiting in a child behind one that runs long come back here: another child
         may run them, or they go back to the database when they waited too long."""
-        for ch in self.children:
-            if self._stuck(ch, now):
-                self.prefetch.put(ch.take_back(), now)
+        back = [c for ch in self.children if self._stuck(ch, now) for c in ch.take_back()]
+        self.prefetch.put(back, now, front=True)  # claimed before the ones waiting here
 
     def _stuck(self, ch: Child, now: float) -> bool:
         """Whether the unit ``ch`` runs has run too long for units to wait behind it."""

@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import compiled, engine, engine_for, notify, sources
+from ..db.engine import Claim as EngineClaim
 from ..models import TASK_CLAIMABLE, TaskRecord, TaskStatus, Transition
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
 from . import enqueue as newtasks
@@ -159,7 +160,7 @@ def claim(
     only_path: str | None = None,
     exclude_paths: list[str] | tuple[str, ...] = (),
 ) -> list[TaskClaim]:
-    """Claim up to ``limit`` ready tasks, highest priority first, in one statement."""
+    """Claim up to ``limit`` ready tasks, highest priority first (``Engine.claim``)."""
     if limit <= 0:
         return []
     using = _alias()
@@ -188,41 +189,43 @@ def claim(
 
     key = ("task", tuple(queues) if queues is not None else None, limit, only_path, exclude)
     inner_sql, inner_params = compiled.sql_with_now(key, None, build, now, using)
-    table = connection.ops.quote_name(TaskRecord._meta.db_table)
+    quote = connection.ops.quote_name
     # the whole row comes back: the child runs the task from it without reading it again
     returned = sources.columns(TaskRecord, using)
     append = engine_for(connection).json_append("worker_ids")
-    sql = (
-        f"UPDATE {table} SET status = %s, token = %s, supervisor_id = %s, "
-        "claimed_host = %s, claimed_pid = %s, attempts = attempts + 1, "
-        "started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
-        f"lease_expires_at = %s, worker_ids = {append} "
-        f"WHERE id IN ({inner_sql}) RETURNING {returned.sql}"
-    )
     stamp = _prep("last_attempted_at", now, using)
-    params = [
-        TaskStatus.RUNNING,
-        _prep("token", token, using),
-        _prep("supervisor_id", claimant.supervisor_id, using),
-        claimant.host,
-        claimant.pid,
-        stamp,
-        stamp,
-        _prep("lease_expires_at", expires, using),
-        worker_id,
-        *inner_params,
-    ]
+    parts = EngineClaim(
+        table=quote(TaskRecord._meta.db_table),
+        sets=("status = %s, token = %s, supervisor_id = %s, claimed_host = %s, "
+              "claimed_pid = %s, attempts = attempts + 1, "
+              "started_at = COALESCE(started_at, %s), last_attempted_at = %s, "
+              f"lease_expires_at = %s, worker_ids = {append}"),
+        set_params=[
+            TaskStatus.RUNNING,
+            _prep("token", token, using),
+            _prep("supervisor_id", claimant.supervisor_id, using),
+            claimant.host,
+            claimant.pid,
+            stamp,
+            stamp,
+            _prep("lease_expires_at", expires, using),
+            worker_id,
+        ],
+        candidates=inner_sql,
+        candidate_params=inner_params,
+        returning=f"{quote('id')}, {returned.sql}",
+    )
     with one_statement(using), connection.cursor() as cursor:
-        engine_for(connection).execute_status(cursor, sql, params)
-        rows = returned.values(cursor.fetchall())
+        # in the candidates' order: priority, then the longest available (ties: the index's)
+        rows = returned.values([row[1:] for row in engine_for(connection).claim(cursor, parts)])
     at = [returned.names.index(name) for name in ("id", "task_path", "attempts")]
-    claims = [TaskClaim(row[at[0]], row[at[1]], token, row[at[2]], expires, now, row)
-              for row in rows]
-    return sorted(claims, key=_claim_order)  # RETURNING keeps no order
+    return [TaskClaim(row[at[0]], row[at[1]], token, row[at[2]], expires, now, row)
+            for row in rows]
 
 
 def _claim_order(c: TaskClaim) -> tuple[int, datetime]:
-    """Claim order: higher priority first, then the longest available."""
+    """Claim order, to merge several claims: higher priority first, then the longest
+    available (a stable sort: each claim's own order stays)."""
     names = sources.columns(TaskRecord, _alias()).names
     return -c.values[names.index("priority")], c.values[names.index("available_at")]
 

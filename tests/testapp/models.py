@@ -39,3 +39,10 @@ class Solo(models.Model):
     commits in its own query on PostgreSQL (no sibling workers to write for after it)."""
 
     action = models.CharField(max_length=100, default="ok")
+
+
+class Ranked(models.Model):
+    """Source rows of the eligible-order workers (``rank_pk``, ``rank_up``, ``rank_down``):
+    no other worker reads them, so their executions count only there."""
+
+    rank = models.IntegerField(default=0)

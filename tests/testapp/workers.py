@@ -16,7 +16,7 @@ from django_dbworker import (
     workers,
 )
 
-from .models import Document, Effect, Item, Solo, Tag
+from .models import Document, Effect, Item, Ranked, Solo, Tag
 
 
 def _act(item, name, context=None):
@@ -224,3 +224,24 @@ def poison_rows(item):
     if action.startswith("hog:"):  # written, so resident (not calloc's untouched pages)
         _poison_hoard.append(b"x" * (int(action[4:]) * 1024 * 1024))
     return Finished()
+
+
+def _ran(row, name):
+    """One Effect per run: with one child, their ids are the order the handlers ran in."""
+    Effect.objects.create(item_id=row.pk, worker=name, note=str(row.rank))
+    return Finished()
+
+
+@worker(source=Ranked)
+def rank_pk(row):
+    return _ran(row, "rank_pk")
+
+
+@worker(source=Ranked, eligible=lambda: Ranked.objects.order_by("rank"))
+def rank_up(row):
+    return _ran(row, "rank_up")
+
+
+@worker(source=Ranked, eligible=lambda: Ranked.objects.order_by("-rank"))
+def rank_down(row):
+    return _ran(row, "rank_down")
