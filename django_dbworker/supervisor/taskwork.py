@@ -80,7 +80,7 @@ class TaskWork:
             cancelled = set(taskstore.cancel_requested([*running, *queued_ids]))
             if cancelled & queued_ids:
                 for ch in children:
-                    waiting.put(ch.take_back(), now)
+                    waiting.put(ch.take_back(), now, front=True)  # claimed before them
                 for c in waiting.units():
                     if is_task(c) and c.task_id in cancelled:
                         waiting.remove(c)
