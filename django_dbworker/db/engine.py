@@ -247,12 +247,14 @@ class Engine:
         """A number that changes when another connection commits (None: unknown)."""
         return None
 
-    # ----- progress ---------------------------------------------------------------------
+    # ----- errors -----------------------------------------------------------------------
 
     def unsupported(self, what: str) -> NotSupportedError:
+        """The error for what this engine cannot do (``what``, e.g. "listening for
+        announcements")."""
         return NotSupportedError(
-            f"django-dbworker has no engine for the database vendor {self.vendor!r} "
-            f"({what}); it runs on {', '.join(sorted(supported()))}.")
+            f"django-dbworker's {self.vendor} engine cannot do this: {what} (see "
+            "docs/architecture.md for what each database's engine does).")
 
 
 class Unsupported(Engine):
@@ -261,6 +263,11 @@ class Unsupported(Engine):
 
     def __init__(self, vendor: str) -> None:
         self.vendor = vendor  # type: ignore[misc]
+
+    def unsupported(self, what: str) -> NotSupportedError:
+        return NotSupportedError(
+            f"django-dbworker has no engine for the database vendor {self.vendor!r} "
+            f"({what}); it runs on {', '.join(sorted(supported()))}.")
 
 
 def supported() -> list[str]:
