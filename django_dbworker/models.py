@@ -79,36 +79,32 @@ def in_states(states: Iterable[str], field: str = "state") -> Q:
     return Q(**{f"{field}__in": [StateConstant(name) for name in names]})
 
 
-def _in(states: Iterable[str], field: str) -> Q:
-    return in_states(states, field)
-
-
 class ExecutionQuerySet(models.QuerySet["Execution"]):
     """The status filters of executions, each in the form its partial index matches."""
 
     def pending(self) -> ExecutionQuerySet:
         """Never claimed yet; to users these have no status."""
-        return self.filter(_in([State.PENDING], "state"))
+        return self.filter(in_states([State.PENDING], "state"))
 
     def claimable(self, now: datetime | None = None) -> ExecutionQuerySet:
         """Waiting for a claim (PENDING or UNFINISHED, the ``dbworker_execution_claimable``
         index); with ``now``, only those whose ``available_at`` has come by then."""
-        qs = self.filter(_in(CLAIMABLE, "state"))
+        qs = self.filter(in_states(CLAIMABLE, "state"))
         return qs if now is None else qs.filter(available_at__lte=now)
 
     def working(self) -> ExecutionQuerySet:
         """Claimed and running now (the ``dbworker_execution_working`` index)."""
-        return self.filter(_in([State.WORKING], "state"))
+        return self.filter(in_states([State.WORKING], "state"))
 
     def unfinished(self) -> ExecutionQuerySet:
-        return self.filter(_in([State.UNFINISHED], "state"))
+        return self.filter(in_states([State.UNFINISHED], "state"))
 
     def finished(self) -> ExecutionQuerySet:
-        return self.filter(_in([State.FINISHED], "state"))
+        return self.filter(in_states([State.FINISHED], "state"))
 
     def failed(self) -> ExecutionQuerySet:
         """FAILED for good: not offered again until a reset or retry."""
-        return self.filter(_in([State.FAILED], "state"))
+        return self.filter(in_states([State.FAILED], "state"))
 
 
 class Execution(models.Model):
@@ -271,26 +267,26 @@ class TaskRecordQuerySet(models.QuerySet["TaskRecord"]):
     def ready(self, now: datetime | None = None) -> TaskRecordQuerySet:
         """Waiting for a claim (READY or RETRYING, the ``dbworker_task_claimable`` indexes);
         with ``now``, only those whose ``available_at`` has come by then."""
-        qs = self.filter(_in(TASK_CLAIMABLE, "status"))
+        qs = self.filter(in_states(TASK_CLAIMABLE, "status"))
         return qs if now is None else qs.filter(available_at__lte=now)
 
     def running(self) -> TaskRecordQuerySet:
         """Claimed and running now (the ``dbworker_task_running`` index)."""
-        return self.filter(_in([TaskStatus.RUNNING], "status"))
+        return self.filter(in_states([TaskStatus.RUNNING], "status"))
 
     def finished(self) -> TaskRecordQuerySet:
         """SUCCESSFUL, FAILED or CANCELLED (the ``dbworker_task_finished`` index)."""
-        return self.filter(_in(TASK_FINISHED, "status"))
+        return self.filter(in_states(TASK_FINISHED, "status"))
 
     def successful(self) -> TaskRecordQuerySet:
-        return self.filter(_in([TaskStatus.SUCCESSFUL], "status"))
+        return self.filter(in_states([TaskStatus.SUCCESSFUL], "status"))
 
     def failed(self) -> TaskRecordQuerySet:
         """FAILED for good (after its retries): not run again until a retry."""
-        return self.filter(_in([TaskStatus.FAILED], "status"))
+        return self.filter(in_states([TaskStatus.FAILED], "status"))
 
     def cancelled(self) -> TaskRecordQuerySet:
-        return self.filter(_in([TaskStatus.CANCELLED], "status"))
+        return self.filter(in_states([TaskStatus.CANCELLED], "status"))
 
 
 class TaskRecord(models.Model):
