@@ -41,8 +41,14 @@ class Config:
     GRACE_PERIOD: float = 30.0
     #: Times a unit may kill its process (or lose its lease) before it is marked FAILED.
     MAX_CRASHES: int = 3
-    #: Seconds between sweeps that find source rows written without ``Model.save()``.
-    SWEEP_INTERVAL: float = 60.0
+    #: Seconds between passes that find source rows written without ``Model.save()``
+    #: above each worker's watermark (integer primary keys; one indexed query when there
+    #: are none). See docs/workers.md.
+    SWEEP_INTERVAL: float = 2.0
+    #: Seconds between full passes over every source row and execution (rows made eligible
+    #: by ``update()``, keys below the watermark, sources without integer keys, executions
+    #: of rows deleted without the ORM); None: only the first one.
+    FULL_SWEEP_INTERVAL: float | None = 3600.0
     #: Source rows (then executions) looked at per sweep step.
     SWEEP_BATCH: int = 1000
     #: Child processes per supervisor when ``runworkers --concurrency`` is not given.
@@ -98,9 +104,11 @@ MAX_COUNT = 2**31 - 1
 MAX_CONCURRENCY = 1000
 _LIMITS = {"RETENTION": (MAX_RETENTION, "100 years"),
            "SQLITE_BUSY_TIMEOUT": (MAX_SQLITE_BUSY_TIMEOUT, "SQLite's limit")}
-_POSITIVE = {"LEASE_SECONDS", "POLL_INTERVAL", "SWEEP_INTERVAL", "SQLITE_BUSY_TIMEOUT"}
+_POSITIVE = {"LEASE_SECONDS", "POLL_INTERVAL", "SWEEP_INTERVAL", "FULL_SWEEP_INTERVAL",
+             "SQLITE_BUSY_TIMEOUT"}
 _NULLABLE = {
-    "MAX_TASKS_PER_CHILD", "CHILD_MAX_MEMORY_MB", "RETENTION", "TASK_RATE_LIMIT", "HEALTH_MAX_LAG",
+    "MAX_TASKS_PER_CHILD", "CHILD_MAX_MEMORY_MB", "RETENTION", "FULL_SWEEP_INTERVAL",
+    "TASK_RATE_LIMIT", "HEALTH_MAX_LAG",
 }
 _AT_LEAST_ONE = {
     "MAX_CRASHES", "SWEEP_BATCH", "CONCURRENCY", "MAX_TASKS_PER_CHILD", "RESULT_MAX_BYTES",

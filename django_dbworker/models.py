@@ -218,6 +218,34 @@ def failure_dict(*, attempt: int | None, exception_class: str, message: str,
             "traceback": traceback, "occurred_at": occurred_at}
 
 
+class SweepState(models.Model):
+    """How far discovery has looked at one worker's source table (``rows/sweep.py``).
+
+    Rows with a primary key at or below ``watermark`` have been looked at by a pass over new
+    rows; a full pass keeps its position here, so a restarted supervisor resumes it, and
+    ``full_ended_at`` says when the last one ended.
+    """
+
+    worker = models.CharField(max_length=100, primary_key=True)
+    #: The highest integer primary key a pass over new rows has looked at (None: none yet).
+    watermark = models.BigIntegerField(null=True, blank=True)
+    #: The full pass in progress: ``rows`` (source rows after ``full_cursor``), ``orphans``
+    #: (executions after ``orphan_cursor`` whose row is gone), or "" (none).
+    full_phase = models.CharField(max_length=16, blank=True, default="")
+    #: The last key looked at, as ``source_id`` holds it (None: from the first; "" is a key).
+    full_cursor = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    orphan_cursor = models.BigIntegerField(null=True, blank=True)
+    #: The process walking the full pass, and when it last took a step (another one takes
+    #: the pass over when that is long ago).
+    full_owner = models.UUIDField(null=True, blank=True)
+    full_stepped_at = models.DateTimeField(null=True, blank=True)
+    full_started_at = models.DateTimeField(null=True, blank=True)
+    full_ended_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.worker} watermark={self.watermark}"
+
+
 class Failure(models.Model):
     """One failed attempt of an execution: the data a person needs to fix it."""
 

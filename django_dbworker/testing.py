@@ -9,8 +9,9 @@ from django.db import DatabaseError
 
 from . import conf, progress
 from .registry import Worker, workers
-from .rows import pending, store
+from .rows import store
 from .rows.store import Claimant
+from .rows.sweep import Sweeper
 from .supervisor import units
 from .tasks import store as taskstore
 
@@ -36,7 +37,7 @@ def run_until_idle(
         list(workers.values()) if worker_names is None else [workers[n] for n in worker_names]
     )
     config = conf.get()
-    sweepers = [pending.Sweeper(worker, config.SWEEP_BATCH) for worker in selected]
+    sweepers = [Sweeper(worker, config.SWEEP_BATCH) for worker in selected]
     run_tasks = worker_names is None if tasks is None else tasks
     claimant = Claimant()
     counts: Counter[str] = Counter()

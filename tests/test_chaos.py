@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from django_dbworker import conf, workers
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
-from django_dbworker.rows.pending import Sweeper
+from django_dbworker.rows.sweep import Sweeper
 from tests.testapp import tasks
 from tests.testapp.models import Effect, Item
 

@@ -15,8 +15,8 @@ from django.utils import timezone
 from django_dbworker import conf, workers
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
 from django_dbworker.rows import store
-from django_dbworker.rows.pending import Sweeper
 from django_dbworker.rows.store import Claimant
+from django_dbworker.rows.sweep import Sweeper
 from django_dbworker.supervisor.duties.base import (
     FAILURE_LOG_INTERVAL,
     Duties,
@@ -152,15 +152,28 @@ def test_outage_backoff_doubles_from_half_a_second_to_thirty(caplog):
 
 
 class FakeSweeper:
-    def __init__(self, name: str, steps: list[tuple[int, bool] | Exception]) -> None:
+    def __init__(self, name: str, steps: list[tuple[int, bool] | Exception],
+                 background: list[int] | None = None) -> None:
         self.worker = type("W", (), {"name": name})()
         self.steps = steps
+        self.restarts = 0
+        self.backgrounds = background or []
+        self.full_phase = "rows" if self.backgrounds else ""
 
-    def step(self) -> tuple[int, bool]:
+    def restart(self) -> None:
+        self.restarts += 1
+
+    def step(self, now: float) -> tuple[int, bool]:
         result = self.steps.pop(0)
         if isinstance(result, Exception):
             raise result
         return result
+
+    def background(self, now: float) -> int:
+        added = self.backgrounds.pop(0)
+        if not self.backgrounds:
+            self.full_phase = ""
+        return added
 
 
 def test_discovery_starts_a_pass_each_interval_and_steps_it_each_round(caplog):
@@ -190,6 +203,22 @@ def test_discovery_starts_a_pass_each_interval_and_steps_it_each_round(caplog):
     discovery.run(clock.now)
     assert discovery.started == clock.now and discovery.sweeping == {1, 2}
     assert failed == ["b", "b"] and sweepers[2].steps == [], "c was left alone"
+    assert [s.restarts for s in sweepers] == [2, 2, 2]
+
+
+def test_a_full_pass_nothing_waits_for_takes_a_chunk_a_round_after_the_urgent_work(caplog):
+    clock = Clock()
+    sweeper = FakeSweeper("a", [(1, False), (0, True)], background=[3, 0, 4])
+    discovery = Discovery([sweeper], 60.0,  # type: ignore[arg-type]
+                          lambda name, now: False, lambda name, exc: pytest.fail(str(exc)))
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        for _ in range(5):
+            assert discovery.due(clock.now)
+            discovery.run(clock.now)
+            clock.now += 1
+    assert not discovery.sweeping and sweeper.backgrounds == [] and not discovery.due(clock.now)
+    assert _events(caplog, "swept") == ["swept worker=a added=1", "swept worker=a added=3",
+                                        "swept worker=a added=4"]
 
 
 # ----- what the duties do to real rows ----------------------------------------------------

@@ -395,9 +395,9 @@ def test_sqlite_claim_names_its_index_even_when_statistics_say_scan(vendor):
         pytest.skip("SQLite's planner only")
     Item.objects.bulk_create(Item() for _ in range(2000))
     workers_touch = workers["touch"]
-    from django_dbworker.rows import pending
+    from django_dbworker.rows.sweep import Sweeper
 
-    pending.Sweeper(workers_touch, 5000).sweep_all()  # every unit waiting
+    Sweeper(workers_touch, 5000).sweep_all()  # every unit waiting
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
         now = timezone.now()

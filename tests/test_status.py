@@ -166,7 +166,7 @@ def test_orphaned_executions_are_removed_by_the_sweep():
     from django.db import connection
 
     from django_dbworker.models import Execution
-    from django_dbworker.rows.pending import Sweeper
+    from django_dbworker.rows.sweep import Sweeper
 
     items = [Item.objects.create() for _ in range(3)]
     run_until_idle(["touch"])
@@ -190,13 +190,14 @@ def test_deleting_a_source_row_is_never_blocked():
 def test_dependent_worker_sees_rows_written_without_save_at_once():
     Item.objects.bulk_create([Item() for _ in range(4)])
     assert run_until_idle(["touch", "after_touch"]) == {"finished": 8}
-    from django_dbworker.rows import pending, store
+    from django_dbworker.rows import store
     from django_dbworker.rows.store import Claimant
+    from django_dbworker.rows.sweep import Sweeper
 
     # and without any sweep: touch's completion makes the row pending for after_touch
     Item.objects.bulk_create([Item()])
     new = Item.objects.order_by("-pk").first()
-    pending.Sweeper(workers["touch"], 100).sweep_all()
+    Sweeper(workers["touch"], 100).sweep_all()
     (c,) = store.claim(workers["touch"], 1, Claimant(), lease=30)
     from django_dbworker.rows.runner import run
 

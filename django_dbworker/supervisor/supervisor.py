@@ -21,8 +21,9 @@ from ..db.connections import connected, own_process
 from ..logs import log_event, logger
 from ..outcomes import RunOutcome
 from ..registry import Worker
-from ..rows import pending, store
+from ..rows import store
 from ..rows.store import Claimant, FailureInfo
+from ..rows.sweep import Sweeper
 from . import pool, units
 from .caps import Caps
 from .duties.base import Duties
@@ -91,7 +92,8 @@ class Supervisor:
         self.renewal = Renewal(self.claimant, config.LEASE_SECONDS, self._held,
                                lambda: self.heartbeat.beat(self.children, self.progress.done))
         self.discovery = Discovery(
-            [pending.Sweeper(w, config.SWEEP_BATCH) for w in options.workers],
+            [Sweeper(w, config.SWEEP_BATCH, full_interval=config.FULL_SWEEP_INTERVAL,
+                     owner=self.claimant.supervisor_id) for w in options.workers],
             config.SWEEP_INTERVAL, self._paused, self._broken_source)
         # In this order, every round, before claims: renewal right after the retried
         # writes, never behind a claim, a sweep or a prune.

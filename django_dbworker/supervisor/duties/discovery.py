@@ -1,4 +1,4 @@
-"""Discovery: the sweep that finds eligible rows written without ``save()``."""
+"""Discovery: the passes that find eligible rows written without ``save()``."""
 
 from __future__ import annotations
 
@@ -6,18 +6,21 @@ import logging
 from collections.abc import Callable
 
 from ...logs import log_event
-from ...rows.pending import Sweeper
+from ...rows.sweep import Sweeper
 from .base import Every
 
 
 class Discovery:
-    """Every ``SWEEP_INTERVAL`` a pass starts over every worker's source rows; while it
-    lasts, each round sweeps one chunk per worker (``Sweeper.step``), so a pass costs a
-    round a chunk and claims go on between chunks.
+    """Every ``SWEEP_INTERVAL`` a pass starts for every worker (``Sweeper.restart``):
+    while its urgent work lasts (rows above the watermark; a full pass that is a source's
+    only discovery), each round takes one chunk of it per worker, so claims go on between
+    chunks. A full pass that nothing waits for takes a paced chunk a round
+    (``Sweeper.background``).
 
-    ``paused(name, now)``: whether a worker is left alone after a failure; ``failed(name,
-    exc)``: what a failed step does (the supervisor's broken-source pause, which raises a
-    lost connection).
+    ``sweeping``: the workers whose urgent work is not over (the supervisor polls at once
+    while it lasts, and ``--burst`` waits for it). ``paused(name, now)``: whether a worker
+    is left alone after a failure; ``failed(name, exc)``: what a failed step does (the
+    supervisor's broken-source pause, which raises a lost connection).
     """
 
     name = "discovery"
@@ -29,17 +32,20 @@ class Discovery:
         self.every = Every(interval)
         self.paused = paused
         self.failed = failed
-        #: Indexes of the sweepers whose pass is not over.
+        #: Indexes of the sweepers whose urgent work is not over.
         self.sweeping: set[int] = set()
         #: When the last pass started (the clock of ``run``; 0.0 before the first).
         self.started = 0.0
 
     def due(self, now: float) -> bool:
-        return bool(self.sweeping) or self.every.due(now)
+        return (bool(self.sweeping) or self.every.due(now)
+                or any(s.full_phase for s in self.sweepers))
 
     def start(self, now: float) -> None:
-        """Start a pass now (``--burst`` does, before it stops: rows may have become
-        eligible since the last one); the next one an interval later."""
+        """Start a pass now (``--burst`` does, before it stops: rows may have been written
+        since the last one); the next one an interval later."""
+        for sweeper in self.sweepers:
+            sweeper.restart()
         self.sweeping = set(range(len(self.sweepers)))
         self.started = now
         self.every.ran(now)
@@ -47,16 +53,18 @@ class Discovery:
     def run(self, now: float) -> None:
         if self.every.due(now):
             self.start(now)
-        for i in list(self.sweeping):
-            sweeper = self.sweepers[i]
+        for i, sweeper in enumerate(self.sweepers):
             if self.paused(sweeper.worker.name, now):
                 continue
             try:
-                added, done = sweeper.step()
+                if i in self.sweeping:
+                    added, done = sweeper.step(now)
+                    if done:
+                        self.sweeping.discard(i)
+                else:
+                    added = sweeper.background(now)
             except Exception as exc:
                 self.failed(sweeper.worker.name, exc)
                 continue
             if added:
                 log_event(logging.INFO, "swept", worker=sweeper.worker.name, added=added)
-            if done:
-                self.sweeping.discard(i)
