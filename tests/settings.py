@@ -83,6 +83,8 @@ DBWORKER = {
     # The chaos soak raises it: its random kills may hit one unit more than three times.
     "MAX_CRASHES": int(os.environ.get("DBWORKER_TEST_MAX_CRASHES", "3")),
 }
+if os.environ.get("DBWORKER_TEST_FULL_SWEEP"):  # test_discovery_processes: full passes
+    DBWORKER["FULL_SWEEP_INTERVAL"] = float(os.environ["DBWORKER_TEST_FULL_SWEEP"])
 if os.environ.get("DBWORKER_TEST_PREFETCH"):  # the prefetch process tests set it
     DBWORKER["PREFETCH"] = int(os.environ["DBWORKER_TEST_PREFETCH"])
 if os.environ.get("DBWORKER_TEST_CHILD_MAX_MEMORY_MB"):  # test_poison_processes: the limit

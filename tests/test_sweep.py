@@ -278,3 +278,22 @@ def test_a_sweep_that_finds_nothing_never_waits_for_sqlites_write_lock(vendor, s
         other.execute("ROLLBACK")
         other.close()
     assert len(_units("touch")) == 7
+
+
+def test_an_orphan_range_reads_its_ids_not_the_workers_history(vendor):
+    """The orphan walk reads one range of execution ids a step; it must not combine it
+    with the unique index's part for the worker (every execution the worker ever had)."""
+    from django.test.utils import CaptureQueriesContext
+
+    Execution.objects.bulk_create(
+        [Execution(worker="touch", source_id=str(i), state=State.FINISHED)
+         for i in range(1, 5001)], batch_size=2500)
+    sweeper = Sweeper(workers["touch"], batch=100)
+    with CaptureQueriesContext(connection) as queries:
+        sweeper._orphans_chunk(0)
+    probe = next(q["sql"] for q in queries if "NOT" in q["sql"] and "EXISTS" in q["sql"])
+    with connection.cursor() as cursor:
+        cursor.execute(("EXPLAIN QUERY PLAN " if vendor == "sqlite" else "EXPLAIN ") + probe)
+        plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+    assert "unique_unit" not in plan, plan
+    assert ("INTEGER PRIMARY KEY" in plan) if vendor == "sqlite" else ("execution_pkey" in plan)

@@ -34,7 +34,8 @@ from functools import reduce
 from operator import or_
 from typing import Any
 
-from django.db.models import Max, OuterRef, Q, QuerySet
+from django.db.models import Max, OuterRef, Q, QuerySet, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from .. import conf
@@ -353,7 +354,13 @@ class Sweeper:
         end = first + self.batch - 1
         source = model._base_manager.using(using).filter(
             pk=keys.pk_expression(model, OuterRef("source_id")))
-        gone = list(executions.filter(id__gte=first, id__lte=end, worker=self.worker.name)
+        # The worker is compared through an expression no index serves: given
+        # ``worker = %s`` the planners combine the id range with the unique index's part for
+        # the worker, which reads every execution the worker ever had (PostgreSQL without
+        # statistics: 33 ms a range at 200,000, against 9 ms).
+        gone = list(executions.filter(id__gte=first, id__lte=end)
+                    .alias(_worker=Concat("worker", Value("")))
+                    .filter(_worker=self.worker.name)
                     .filter(~Probe(source)).values_list("id", flat=True))
         if gone:  # a read first: a delete takes SQLite's write lock even for no rows
             executions.filter(id__in=gone).exclude(state=State.WORKING).delete()
