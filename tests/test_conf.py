@@ -21,6 +21,9 @@ def test_defaults():
     assert config.LEASE_SECONDS == 30.0 and config.MAX_CRASHES == 3
     assert config.DATABASE == "default" and config.MAX_TASKS_PER_CHILD is None
     assert config.PREFETCH == 32
+    assert config.SWEEP_INTERVAL == 2.0 and config.FULL_SWEEP_INTERVAL == 3600.0
+    with override_settings(DBWORKER={"FULL_SWEEP_INTERVAL": None}):
+        assert conf.load().FULL_SWEEP_INTERVAL is None  # only the first full pass
 
 
 @pytest.mark.parametrize(

@@ -115,6 +115,9 @@ def test_keys_that_fit_are_accepted():
     ({"POLL_INTERVAL": -math.inf}, r"POLL_INTERVAL'\] is -inf; it must be a finite"),
     ({"GRACE_PERIOD": math.nan}, r"GRACE_PERIOD'\] is nan; it must be a finite"),
     ({"SWEEP_INTERVAL": 1e12}, r"SWEEP_INTERVAL'\] is 1000000000000.0; it must be at most"),
+    ({"FULL_SWEEP_INTERVAL": 0}, r"FULL_SWEEP_INTERVAL'\] is 0; it must be greater than 0"),
+    ({"FULL_SWEEP_INTERVAL": "hourly"}, r"FULL_SWEEP_INTERVAL'\] is 'hourly'; it must be a "
+                                        r"number of seconds"),
     ({"SQLITE_BUSY_TIMEOUT": 1e9}, r"SQLITE_BUSY_TIMEOUT'\] is 1000000000.0; it must be at "
                                    r"most 2.14748e\+06 seconds"),
     ({"HEALTH_MAX_LAG": math.inf}, r"HEALTH_MAX_LAG'\] is inf; it must be a finite"),
