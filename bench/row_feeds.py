@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -82,7 +83,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=5_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--feeds", default=",".join(FEEDS),
-                        help="comma-separated: bulk, save, precreated (default: all three)")
+                        help="comma-separated: bulk, save, precreated (default: all three); "
+                        "none: only the history burst")
     parser.add_argument("--history", type=int, default=1_000_000,
                         help="finished rows of the history burst (0: no history burst)")
     parser.add_argument("--fresh-history", action="store_true",
@@ -91,7 +93,7 @@ def main() -> None:
     parser.add_argument("--child", choices=benchlib.DATABASES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.feed_list = [f for f in args.feeds.split(",") if f]
+    args.feed_list = [f for f in args.feeds.split(",") if f and f != "none"]
     if set(args.feed_list) - set(FEEDS):
         parser.error(f"--feeds: choose among {', '.join(FEEDS)}")
     if args.child:
@@ -132,7 +134,7 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, dict[str, list[Any]]] = {
         f: {"wall_s": [], "cpu_s": [], "server_cpu_s": []} for f in args.feed_list}
     empty: list[float] = []
-    for run in range(args.runs):
+    for run in range(args.runs if args.feed_list else 0):
         order = args.feed_list[run % len(args.feed_list):] + args.feed_list[
             :run % len(args.feed_list)]
         for feed in ["empty", *order]:
@@ -151,7 +153,7 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
                   f"({args.rows / drained['wall_s']:.0f}/s"
                   + (f", server CPU {1000 * server / args.rows:.3f} ms/row" if server else "")
                   + f", load {result['loadavg_1m'][-1]})", file=sys.stderr, flush=True)
-    idle = statistics.median(empty)
+    idle = statistics.median(empty) if empty else 0.0
     result["empty_burst_wall_s"] = [round(w, 3) for w in empty]
     for feed, f in figures.items():
         wall = statistics.median(f["wall_s"])
@@ -338,58 +340,48 @@ def sqlite_cache_folder() -> Path:
 
 
 def history_cache(db: str, size: int, *, fresh: bool) -> str:
-    """The cached history database (loaded now if missing): its name or file."""
+    """The cached history database (loaded now if missing): its name or file. It is
+    loaded under another name and renamed when complete, so an interrupted load is never
+    taken for a cache."""
     key = f"history_{size}_{schema_hash()}"
     if db == "postgres":
         import psycopg
 
-        name = f"dbworker_bench_{key}"
+        name, loading = f"dbworker_bench_{key}", f"dbworker_bench_{key}_loading"
         with psycopg.connect(dbname="postgres", autocommit=True,
                              **benchlib.pg_connect_kwargs()) as c:
             exists = c.execute("SELECT 1 FROM pg_database WHERE datname = %s",
                                [name]).fetchone()
             if exists and not fresh:
                 return name
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            c.execute(f'CREATE DATABASE "{name}"')
-        loaded = name
+            for old in (name, loading):
+                c.execute(f'DROP DATABASE IF EXISTS "{old}" WITH (FORCE)')
+            c.execute(f'CREATE DATABASE "{loading}"')
     else:
         folder = sqlite_cache_folder()
         folder.mkdir(exist_ok=True)
-        path = folder / f"{key}.sqlite3"
-        if path.exists() and not fresh:
-            return str(path)
-        for old in folder.glob(f"{key}.sqlite3*"):
+        name, loading = str(folder / f"{key}.sqlite3"), str(folder / f"{key}.loading.sqlite3")
+        if Path(name).exists() and not fresh:
+            return name
+        for old in folder.glob(f"{key}*"):
             old.unlink()
-        loaded = str(path)
     started = time.perf_counter()
-    try:
-        open_database(db, loaded)
-        load_history(size)
-    except BaseException:
-        forget_cache(db, loaded)
-        raise
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-    print(f"{db}: history of {size:,} rows loaded in {time.perf_counter() - started:.0f}s "
-          f"(kept: {loaded})", file=sys.stderr, flush=True)
-    return loaded
-
-
-def forget_cache(db: str, loaded: str) -> None:
+    open_database(db, loading)
+    load_history(size)
     from django.db import connections
 
     connections.close_all()
     if db == "postgres":
-        import psycopg
-
         with psycopg.connect(dbname="postgres", autocommit=True,
                              **benchlib.pg_connect_kwargs()) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{loaded}" WITH (FORCE)')
+            c.execute(f'ALTER DATABASE "{loading}" RENAME TO "{name}"')
     else:
-        Path(loaded).unlink(missing_ok=True)
+        with sqlite3.connect(loading) as c:  # the WAL into the file, so one file is the copy
+            c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        Path(loading).rename(name)
+    print(f"{db}: history of {size:,} rows loaded in {time.perf_counter() - started:.0f}s "
+          f"(kept: {name})", file=sys.stderr, flush=True)
+    return name
 
 
 def load_history(size: int) -> None:
