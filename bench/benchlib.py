@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -262,6 +263,72 @@ def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None)
     if before is None or after is None or after[0] <= before[0]:
         return None
     return round(100 * (after[1] - before[1]) / (after[0] - before[0]), 1)
+
+
+class ServerCPU:
+    """CPU seconds the PostgreSQL server's backends spent for one database, from ``/proc``.
+
+    A thread looks at the machine's processes every ``interval`` seconds and notes the CPU
+    time (user + system) of each backend serving ``database`` (its process title names the
+    database: ``postgres: 15/main: postgres <database> 127.0.0.1(...) ...``). A backend's
+    last few milliseconds before it exits are missed (at most ``interval`` each, when they
+    are idle anyway); the server's shared processes (WAL writer, checkpointer) are not
+    counted. Needs to read the server's processes: run as root or as the server's user, on
+    the server's machine; ``seconds()`` is None otherwise. Other databases' backends (other
+    work on the same server) are not counted.
+
+    Use as ``with ServerCPU(name) as cpu: ...`` then ``cpu.seconds()``.
+    """
+
+    def __init__(self, database: str, interval: float = 0.01) -> None:
+        self.marker = f" {database} ".encode()
+        self.interval = interval
+        self.ticks: dict[int, int] = {}
+        self.before: dict[int, int] = {}
+        self.readable = True
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> ServerCPU:
+        self.before = dict(self._sample())
+        self.ticks = dict(self.before)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.ticks.update(self._sample())
+
+    def seconds(self) -> float | None:
+        if not self.readable:
+            return None
+        used = sum(t - self.before.get(pid, 0) for pid, t in self.ticks.items())
+        return used / os.sysconf("SC_CLK_TCK")
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.ticks.update(self._sample())
+
+    def _sample(self) -> Iterator[tuple[int, int]]:
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            self.readable = False
+            return
+        for entry in entries:
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    title = f.read()
+                if not title.startswith(b"postgres: ") or self.marker not in title:
+                    continue
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            yield int(entry), int(fields[11]) + int(fields[12])  # utime, stime
 
 
 def machine() -> dict[str, Any]:

@@ -29,3 +29,13 @@ class Ping(models.Model):
 
     def __str__(self) -> str:
         return f"ping {self.pk}"
+
+
+class Feed(models.Model):
+    """The row_feeds benchmark's source row, written the ways users write rows: one worker
+    only, declared as a user would (``concurrency=2``)."""
+
+    payload = models.CharField(max_length=64, default="")
+
+    def __str__(self) -> str:
+        return f"feed {self.pk}"

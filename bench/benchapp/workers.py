@@ -2,7 +2,7 @@
 
 import time
 
-from benchapp.models import Job, Ping, Row
+from benchapp.models import Feed, Job, Ping, Row
 from django_dbworker import Finished, worker
 
 
@@ -28,4 +28,10 @@ def noop(job):
 def ping(row):
     """The latency worker: notes when its handler started (update(): no save signals)."""
     Ping.objects.filter(pk=row.pk).update(started=time.time())
+    return Finished()
+
+
+@worker(source=Feed, concurrency=2)
+def feed(row):
+    """The row_feeds worker, declared as a user would: two units at a time."""
     return Finished()
