@@ -31,8 +31,8 @@ history), then one ``runworkers --burst`` over them (the workers' first pass, wh
 the history once and sets the watermark, as on a deployment that ran those units; timed
 and printed when the cache is made), then 100 rows bulk-created, drained by ``runworkers
 --burst --concurrency 1 --worker feed``; against the same 100 rows in an empty database.
-Its target is a drain whose cost follows the new rows, not the history. The loaded history is kept between runs
-(a database loads once per N and schema):
+Its target is a drain whose cost follows the new rows, not the history. The loaded
+history is kept between runs (a database loads once per N and schema):
 
 - PostgreSQL: a template database ``dbworker_bench_history_<N>_<schema>`` (``<schema>``: a
   hash of the migrations), never dropped here; each burst runs in a copy (``CREATE
