@@ -169,6 +169,9 @@ class FakeSweeper:
             raise result
         return result
 
+    def next_step_in(self, now: float) -> float | None:
+        return 0.25 if self.full_phase else None
+
     def background(self, now: float) -> int:
         added = self.backgrounds.pop(0)
         if not self.backgrounds:
@@ -211,12 +214,16 @@ def test_a_full_pass_nothing_waits_for_takes_a_chunk_a_round_after_the_urgent_wo
     sweeper = FakeSweeper("a", [(1, False), (0, True)], background=[3, 0, 4])
     discovery = Discovery([sweeper], 60.0,  # type: ignore[arg-type]
                           lambda name, now: False, lambda name, exc: pytest.fail(str(exc)))
+    assert discovery.left(clock.now) == 0.0, "the first pass is due"
     with caplog.at_level(logging.INFO, logger="django_dbworker"):
         for _ in range(5):
             assert discovery.due(clock.now)
             discovery.run(clock.now)
+            if not discovery.sweeping and sweeper.full_phase:
+                assert discovery.left(clock.now) == 0.25, "the supervisor wakes for its step"
             clock.now += 1
     assert not discovery.sweeping and sweeper.backgrounds == [] and not discovery.due(clock.now)
+    assert discovery.left(clock.now) == 55.0, "then the next pass"
     assert _events(caplog, "swept") == ["swept worker=a added=1", "swept worker=a added=3",
                                         "swept worker=a added=4"]
 

@@ -354,7 +354,7 @@ class Supervisor:
     def _idle_timeout(self) -> float:
         now = time.monotonic()
         until_renew = self.renewal.every.left(now)
-        poll = 0.0 if self.discovery.sweeping else self.config.POLL_INTERVAL
+        poll = min(self.config.POLL_INTERVAL, self.discovery.left(now))
         expiry = self.prefetch.next_expiry(now)
         if expiry is not None:
             poll = min(poll, expiry)

@@ -41,6 +41,15 @@ class Discovery:
         return (bool(self.sweeping) or self.every.due(now)
                 or any(s.full_phase for s in self.sweepers))
 
+    def left(self, now: float) -> float:
+        """Seconds until discovery has work: none while a pass's urgent work lasts, else
+        until the next paced step of a full pass or the next pass."""
+        if self.sweeping:
+            return 0.0
+        waits = [self.every.left(now)]
+        waits += [w for s in self.sweepers if (w := s.next_step_in(now)) is not None]
+        return max(0.0, min(waits))
+
     def start(self, now: float) -> None:
         """Start a pass now (``--burst`` does, before it stops: rows may have been written
         since the last one); the next one an interval later."""
