@@ -249,13 +249,13 @@ def current(using: str | None = None) -> set[str]:
 
 # ----- install and remove -----------------------------------------------------------------
 
-def _named(names: Iterable[str] | None, also: Iterable[str] = ()) -> list[str]:
-    """``names`` checked against the registered workers (and ``also``); all of them when
-    None."""
+def named(names: Iterable[str] | None, also: Iterable[str] = ()) -> list[str]:
+    """``names`` checked against the registered workers (and ``also``), sorted; all of
+    them when None."""
     known = sorted({*registry.workers, *also})
     if names is None:
         return known
-    chosen = list(dict.fromkeys(names))
+    chosen = sorted(set(names))
     unknown = [n for n in chosen if n not in known]
     if unknown:
         raise UnknownWorker(
@@ -271,7 +271,7 @@ def install(using: str | None = None, workers: Iterable[str] | None = None) -> l
     are removed, in the same transaction, which holds the table's writers back on
     PostgreSQL (``CREATE TRIGGER``'s lock): no row falls between the two."""
     alias = _alias(using)
-    chosen = [registry.workers[n] for n in _named(workers)]
+    chosen = [registry.workers[n] for n in named(workers)]
     plans = {w.name: _expected(w, alias) for w in chosen}  # refusals before any change
     connection = connections[alias]
     engine = engine_for(connection)
@@ -305,7 +305,7 @@ def remove(using: str | None = None, workers: Iterable[str] | None = None) -> li
     dropped = []
     with transaction.atomic(using=alias):
         found = _found(alias)
-        for name in _named(workers, also=found):
+        for name in named(workers, also=found):
             if not found.get(name):
                 continue
             with connection.cursor() as cursor:
