@@ -71,10 +71,12 @@ def test_install_status_and_remove():
 @pytest.mark.django_db
 def test_install_catches_up_on_rows_written_before_and_executions_of_rows_gone():
     before = Item.objects.bulk_create([Item(kind="touch"), Item(kind="other")])
+    document = Document.objects.bulk_create([Document(title="before")])[0]
     gone = Execution.objects.create(worker="touch", source_id="999999", sort_key=999999)
     running = Execution.objects.create(worker="touch", source_id="999998", sort_key=999998,
                                        state=State.WORKING)
-    triggers.install(workers=["touch"])
+    triggers.install(workers=["touch", "read_document"])
+    assert set(units("read_document")) == {keys.to_key(Document, document.pk, "default")}
     made = units("touch")
     assert {str(i.pk) for i in before} <= set(made), "every row, eligible or not (as save())"
     assert not Execution.objects.filter(pk=gone.pk).exists()
@@ -155,6 +157,14 @@ def test_a_raw_delete_removes_the_rows_executions_but_a_running_one():
         cursor.execute("DELETE FROM testapp_item WHERE id IN (%s, %s)", [gone, busy])
     assert set(units("touch")) == {str(kept), str(busy)}
     assert not Execution.objects.filter(source_id=str(gone)).exists()
+
+
+@pytest.mark.django_db
+def test_a_handler_deleting_its_own_row_is_forgotten_as_without_triggers():
+    triggers.install(workers=["touch"])
+    item = Item.objects.create(action="delete_self")
+    assert run_until_idle(["touch"])["gone"] == 1
+    assert not Execution.objects.filter(worker="touch", source_id=str(item.pk)).exists()
 
 
 # ----- stale triggers ----------------------------------------------------------------------
@@ -291,3 +301,18 @@ def test_migrate_and_flush_work_with_triggers_installed(clean_triggers):
     call_command("flush", interactive=False, verbosity=0)
     assert not Item.objects.exists() and not Execution.objects.exists()
     assert triggers.current() == set(workers)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deleting_a_row_whose_execution_failed_commits(clean_triggers):
+    """The delete trigger removes the execution's failures first: their foreign key is
+    checked at commit, and the ORM's cascade finds no execution left to cascade from."""
+    triggers.install(workers=["touch"])
+    orm, raw = Item.objects.create(action="raise"), Item.objects.create(action="raise")
+    assert run_until_idle(["touch"])["failed"] == 2
+    orm.delete()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM testapp_item WHERE id = %s", [raw.pk])
+    assert not Execution.objects.filter(worker="touch").exists()
+    from django_dbworker.models import Failure
+    assert not Failure.objects.exists()

@@ -66,6 +66,10 @@ class RowTriggers:
     key_column: str
     mine: str
     deletable: str
+    #: ``(table, column)`` of the rows that refer to an execution by its ``id``: the delete
+    #: trigger deletes them first (their foreign key is checked at commit, and the ORM's
+    #: cascade would find no execution left to cascade from).
+    dependents: tuple[tuple[str, str], ...]
     #: The triggers' names (PostgreSQL: their functions' too) and the text each carries in
     #: a comment, which the catalog gives back (``Trigger.text``).
     insert_name: str
@@ -296,7 +300,8 @@ class Engine:
         """The statements that create a worker's AFTER INSERT trigger (a PENDING execution
         for each new row unless it has one, in the writer's transaction; announced on
         ``triggers.notify``) and its AFTER DELETE trigger (the row's deletable executions
-        removed); any triggers of the same names are replaced."""
+        removed, after the rows of ``triggers.dependents`` that refer to them); any
+        triggers of the same names are replaced."""
         raise self.unsupported("database triggers")
 
     def drop_row_trigger(self, connection: BaseDatabaseWrapper, trigger: Trigger) -> list[str]:

@@ -299,10 +299,13 @@ class PostgreSQL(Engine):
         insert = (
             f"INSERT INTO {q(t.executions)} ({', '.join(q(c) for c in t.columns)})\n"
             f"  SELECT {values} FROM dbworker_new AS n\n  ON CONFLICT DO NOTHING;{announce}")
-        delete = (
-            f"DELETE FROM {q(t.executions)} WHERE {q(t.key_column)} IN "
-            f"(SELECT o.{q(t.pk)}::text FROM dbworker_old AS o)\n"
-            f"    AND {t.mine} AND {t.deletable};")
+        doomed = (f"{q(t.key_column)} IN (SELECT o.{q(t.pk)}::text FROM dbworker_old AS o)\n"
+                  f"    AND {t.mine} AND {t.deletable}")
+        delete = "\n  ".join(
+            [f"DELETE FROM {q(table)} WHERE {q(column)} IN "
+             f"(SELECT id FROM {q(t.executions)} WHERE {doomed});"
+             for table, column in t.dependents]
+            + [f"DELETE FROM {q(t.executions)} WHERE {doomed};"])
         statements = []
         for name, mark, body, event, transition in (
                 (t.insert_name, t.insert_mark, insert, "INSERT", "NEW TABLE AS dbworker_new"),

@@ -204,8 +204,12 @@ class SQLite(Engine):
             f"  SELECT {values}\n"
             f"  WHERE NOT EXISTS (SELECT 1 FROM {ex} WHERE {t.mine} "
             f"AND {key_column} = {new_key});")
-        delete = (f"DELETE FROM {ex} WHERE {key_column} = CAST(OLD.{q(t.pk)} AS TEXT) "
-                  f"AND {t.mine} AND {t.deletable};")
+        doomed = (f"{key_column} = CAST(OLD.{q(t.pk)} AS TEXT) AND {t.mine} "
+                  f"AND {t.deletable}")
+        delete = "\n  ".join(
+            [f"DELETE FROM {q(table)} WHERE {q(column)} IN (SELECT id FROM {ex} WHERE "
+             f"{doomed});" for table, column in t.dependents]
+            + [f"DELETE FROM {ex} WHERE {doomed};"])
         statements = []
         for name, mark, body, event in ((t.insert_name, t.insert_mark, insert, "INSERT"),
                                         (t.delete_name, t.delete_mark, delete, "DELETE")):

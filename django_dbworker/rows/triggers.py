@@ -136,6 +136,8 @@ def _describe(worker: Worker, using: str, mark: str) -> RowTriggers:
         key_column=field("source_id").column,
         mine=f"{q(field('worker').column)} = {_literal(worker.name)}",
         deletable=f"{q(field('state').column)} <> {_literal(str(State.WORKING))}",
+        dependents=tuple((r.related_model._meta.db_table, r.field.column)
+                         for r in Execution._meta.related_objects),
         insert_name=insert_name, delete_name=delete_name,
         insert_mark=mark.format(event="insert"), delete_mark=mark.format(event="delete"),
         notify=(notify.CHANNEL, "rows") if notify.enabled(using) else None,
