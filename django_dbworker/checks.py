@@ -131,3 +131,36 @@ def check_migrations(app_configs: Any = None, databases: Any = None,
         hint="Run 'manage.py migrate django_dbworker'.",
         id="django_dbworker.W002",
     )]
+
+
+@register(Tags.database)
+def check_triggers(app_configs: Any = None, databases: Any = None,
+                   **kwargs: Any) -> list[CheckMessage]:
+    """Stale triggers (``dbworker triggers``), and missing ones beside installed ones on the
+    same table. No triggers at all is fine: they are optional."""
+    from .rows import triggers
+
+    alias = conf.get().DATABASE
+    if not databases or alias not in databases:
+        return []
+    try:
+        states = triggers.status(alias)
+    except DatabaseError:  # unreachable, or a database without triggers
+        return []
+    covered = {s.table for s in states.values() if s.state != "missing"}
+    warnings: list[CheckMessage] = []
+    for name, state in states.items():
+        if state.state == "stale":
+            problem = f"its database triggers are stale: {state.reason}"
+        elif state.state == "missing" and state.table in covered:
+            problem = (f"its table {state.table!r} has triggers for other workers, "
+                       "but not for this one: rows written without save() wait for the sweep")
+        else:
+            continue
+        warnings.append(Warning(
+            f"Worker {name!r}: {problem}.",
+            hint="Run 'manage.py dbworker triggers install' (after every migrate), or "
+                 "'manage.py dbworker triggers remove --worker NAME'.",
+            id="django_dbworker.W003",
+        ))
+    return warnings

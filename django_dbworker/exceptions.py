@@ -58,3 +58,12 @@ class TaskCancelled(DBWorkerError):
 
 class InvalidTaskArguments(DBWorkerError, TypeError):
     """A task's arguments or return value cannot be stored as JSON."""
+
+
+class TriggerUnavailable(DBWorkerError):
+    """A worker's source cannot have database triggers (``dbworker triggers``).
+
+    The message says why: its table lives in another database than our tables, it is a
+    view, or it does not exist yet. Without triggers the sweep finds its rows; fix the
+    cause, or leave that worker out (``--worker``).
+    """

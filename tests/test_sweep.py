@@ -297,3 +297,16 @@ def test_an_orphan_range_reads_its_ids_not_the_workers_history(vendor):
         plan = " ".join(str(row[-1]) for row in cursor.fetchall())
     assert "unique_unit" not in plan, plan
     assert ("INTEGER PRIMARY KEY" in plan) if vendor == "sqlite" else ("execution_pkey" in plan)
+
+
+def test_a_worker_whose_triggers_are_current_needs_no_periodic_full_pass():
+    from django_dbworker.rows import triggers
+    from django_dbworker.supervisor.supervisor import _without_triggers
+
+    assert _without_triggers(workers["touch"])
+    triggers.install(workers=["touch"])
+    try:
+        assert not _without_triggers(workers["touch"])
+        assert _without_triggers(workers["tag"]), "only the workers with triggers"
+    finally:
+        triggers.remove(workers=["touch"])

@@ -133,3 +133,12 @@ def plan(doc: dict[str, Any]) -> str:
             (i["kind"], i["id"], units.status(i), "yes" if i["will_change"] else "no")
             for i in doc["items"]])]
     return "\n".join(out)
+
+
+def triggers(doc: dict[str, Any]) -> str:
+    rows = [(w["worker"], w["table"], w["status"], w["reason"]) for w in doc["workers"]]
+    text = table(("worker", "table", "triggers", "why"), rows)
+    if doc["action"] != "status":
+        verb = "Installed" if doc["action"] == "install" else "Removed"
+        text += f"\n{verb} the triggers of: {', '.join(doc['changed']) or 'none'}."
+    return text

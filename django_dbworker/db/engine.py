@@ -46,6 +46,52 @@ class Claim:
     index: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RowTriggers:
+    """A worker's two triggers as ``rows/triggers.py`` describes them to the engine, which
+    writes them in its database's SQL. Names are unquoted; the SQL fragments are ours."""
+
+    #: The source table, its primary key column, and whether that key is an integer (then
+    #: it is also the execution's ``sort_key``).
+    table: str
+    pk: str
+    integer_pk: bool
+    #: The executions table and the columns of a new execution, with the SQL of each value:
+    #: a constant, or ``{key}`` (the row's key as text), ``{sort_key}``, ``{now}``.
+    executions: str
+    columns: tuple[str, ...]
+    values: tuple[str, ...]
+    #: SQL conditions on the executions table: this worker's executions, and those of them
+    #: the delete trigger may remove (with ``key_column`` the deleted row's key).
+    key_column: str
+    mine: str
+    deletable: str
+    #: ``(table, column)`` of the rows that refer to an execution by its ``id``: the delete
+    #: trigger deletes them first (their foreign key is checked at commit, and the ORM's
+    #: cascade would find no execution left to cascade from).
+    dependents: tuple[tuple[str, str], ...]
+    #: The triggers' names (PostgreSQL: their functions' too) and the text each carries in
+    #: a comment, which the catalog gives back (``Trigger.text``).
+    insert_name: str
+    delete_name: str
+    insert_mark: str
+    delete_mark: str
+    #: ``(channel, payload)`` to announce new rows on (NOTIFY), or None.
+    notify: tuple[str, str] | None = None
+    #: Timestamps in local time (SQLite with ``USE_TZ = False``), else UTC.
+    local_time: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """A trigger as the database's catalog has it."""
+
+    name: str
+    table: str
+    #: Its SQL text (PostgreSQL: its function's body), comments included.
+    text: str
+
+
 class Engine:
     """One database's way of doing what the stores need. Stateless: one instance per
     database vendor, methods take the Django connection (or a cursor on it)."""
@@ -246,6 +292,26 @@ class Engine:
     def commit_counter(self, connection: BaseDatabaseWrapper) -> int | None:
         """A number that changes when another connection commits (None: unknown)."""
         return None
+
+    # ----- triggers (rows/triggers.py) ---------------------------------------------------
+
+    def create_row_triggers(self, connection: BaseDatabaseWrapper,
+                            triggers: RowTriggers) -> list[str]:
+        """The statements that create a worker's AFTER INSERT trigger (a PENDING execution
+        for each new row unless it has one, in the writer's transaction; announced on
+        ``triggers.notify``) and its AFTER DELETE trigger (the row's deletable executions
+        removed, after the rows of ``triggers.dependents`` that refer to them); any
+        triggers of the same names are replaced."""
+        raise self.unsupported("database triggers")
+
+    def drop_row_trigger(self, connection: BaseDatabaseWrapper, trigger: Trigger) -> list[str]:
+        """The statements that drop ``trigger`` (and what only it uses)."""
+        raise self.unsupported("database triggers")
+
+    def row_triggers(self, connection: BaseDatabaseWrapper, prefix: str) -> list[Trigger]:
+        """The triggers whose names start with ``prefix``, on the tables this connection
+        sees."""
+        raise self.unsupported("database triggers")
 
     # ----- errors -----------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from django.db.models import JSONField
 
 from .. import conf
 from . import prepared
-from .engine import Claim, Engine, TransactionEnded
+from .engine import Claim, Engine, RowTriggers, TransactionEnded, Trigger
 
 #: The end of a row completion's WHERE: no WAL flush at COMMIT for a transaction that wrote
 #: nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a transaction
@@ -278,6 +278,60 @@ class PostgreSQL(Engine):
         """Delivered when (and only if) the writer's transaction commits."""
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [channel, what])
+
+    # ----- triggers (rows/triggers.py) ---------------------------------------------------
+
+    def create_row_triggers(self, connection: BaseDatabaseWrapper,
+                            triggers: RowTriggers) -> list[str]:
+        """Statement-level triggers over transition tables: one INSERT (and one NOTIFY) per
+        statement, however many rows it wrote (a ``bulk_create``, a ``COPY``)."""
+        q = connection.ops.quote_name
+        t = triggers
+        key = f"n.{q(t.pk)}::text"
+        values = ", ".join(v.format(key=key, now="now()",
+                                    sort_key=f"n.{q(t.pk)}" if t.integer_pk else "NULL")
+                           for v in t.values)
+        announce = ""
+        if t.notify is not None:
+            channel, payload = t.notify
+            announce = (f"\n  IF FOUND THEN PERFORM pg_notify('{channel}', '{payload}'); "
+                        "END IF;")
+        insert = (
+            f"INSERT INTO {q(t.executions)} ({', '.join(q(c) for c in t.columns)})\n"
+            f"  SELECT {values} FROM dbworker_new AS n\n  ON CONFLICT DO NOTHING;{announce}")
+        doomed = (f"{q(t.key_column)} IN (SELECT o.{q(t.pk)}::text FROM dbworker_old AS o)\n"
+                  f"    AND {t.mine} AND {t.deletable}")
+        delete = "\n  ".join(
+            [f"DELETE FROM {q(table)} WHERE {q(column)} IN "
+             f"(SELECT id FROM {q(t.executions)} WHERE {doomed});"
+             for table, column in t.dependents]
+            + [f"DELETE FROM {q(t.executions)} WHERE {doomed};"])
+        statements = []
+        for name, mark, body, event, transition in (
+                (t.insert_name, t.insert_mark, insert, "INSERT", "NEW TABLE AS dbworker_new"),
+                (t.delete_name, t.delete_mark, delete, "DELETE", "OLD TABLE AS dbworker_old")):
+            statements += [
+                f"CREATE OR REPLACE FUNCTION {q(name)}() RETURNS trigger LANGUAGE plpgsql "
+                f"AS $dbworker$\n-- {mark}\nBEGIN\n  {body}\n  RETURN NULL;\nEND\n$dbworker$",
+                f"DROP TRIGGER IF EXISTS {q(name)} ON {q(t.table)}",
+                f"CREATE TRIGGER {q(name)} AFTER {event} ON {q(t.table)} REFERENCING "
+                f"{transition} FOR EACH STATEMENT EXECUTE FUNCTION {q(name)}()",
+            ]
+        return statements
+
+    def drop_row_trigger(self, connection: BaseDatabaseWrapper, trigger: Trigger) -> list[str]:
+        q = connection.ops.quote_name
+        return [f"DROP TRIGGER IF EXISTS {q(trigger.name)} ON {q(trigger.table)}",
+                f"DROP FUNCTION IF EXISTS {q(trigger.name)}()"]
+
+    def row_triggers(self, connection: BaseDatabaseWrapper, prefix: str) -> list[Trigger]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT t.tgname, c.relname, p.prosrc FROM pg_trigger t "
+                "JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_proc p ON p.oid = t.tgfoid "
+                "WHERE NOT t.tgisinternal AND starts_with(t.tgname, %s) "
+                "AND pg_table_is_visible(c.oid) ORDER BY t.tgname", [prefix])
+            return [Trigger(name, table, text) for name, table, text in cursor.fetchall()]
 
 
 class Listening:

@@ -20,7 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import conf
 from . import direct
-from .engine import Claim, Engine, TransactionEnded
+from .engine import Claim, Engine, RowTriggers, TransactionEnded, Trigger
 
 #: Seconds between the tries of a SQLite write lock that was busy, before waiting for it
 #: the way SQLite does (about 20 ms in all).
@@ -178,6 +178,57 @@ class SQLite(Engine):
         sqlite3 connection itself (Django's cursor costs ten times the PRAGMA)."""
         connection.ensure_connection()
         return connection.connection.execute("PRAGMA data_version").fetchone()[0]
+
+    # ----- triggers (rows/triggers.py) ---------------------------------------------------
+
+    def create_row_triggers(self, connection: BaseDatabaseWrapper,
+                            triggers: RowTriggers) -> list[str]:
+        """Row triggers (SQLite has no others). The insert checks the unique index first
+        instead of ``INSERT OR IGNORE``: a trigger's statements take the conflict clause
+        of the statement that fired them, so an ``INSERT OR REPLACE`` of a source row
+        would replace the row's execution (its status and history) with a new one.
+
+        Timestamps as Django writes them here: text, UTC with ``USE_TZ`` (local time
+        without), to the microsecond (SQLite's ``%f`` gives milliseconds)."""
+        q = connection.ops.quote_name
+        t = triggers
+        new_key = f"CAST(NEW.{q(t.pk)} AS TEXT)"
+        now = ("strftime('%Y-%m-%d %H:%M:%f000', 'now'"
+               + (", 'localtime')" if t.local_time else ")"))
+        values = ", ".join(v.format(key=new_key, now=now,
+                                    sort_key=f"NEW.{q(t.pk)}" if t.integer_pk else "NULL")
+                           for v in t.values)
+        ex, key_column = q(t.executions), q(t.key_column)
+        insert = (
+            f"INSERT INTO {ex} ({', '.join(q(c) for c in t.columns)})\n"
+            f"  SELECT {values}\n"
+            f"  WHERE NOT EXISTS (SELECT 1 FROM {ex} WHERE {t.mine} "
+            f"AND {key_column} = {new_key});")
+        doomed = (f"{key_column} = CAST(OLD.{q(t.pk)} AS TEXT) AND {t.mine} "
+                  f"AND {t.deletable}")
+        delete = "\n  ".join(
+            [f"DELETE FROM {q(table)} WHERE {q(column)} IN (SELECT id FROM {ex} WHERE "
+             f"{doomed});" for table, column in t.dependents]
+            + [f"DELETE FROM {ex} WHERE {doomed};"])
+        statements = []
+        for name, mark, body, event in ((t.insert_name, t.insert_mark, insert, "INSERT"),
+                                        (t.delete_name, t.delete_mark, delete, "DELETE")):
+            statements += [
+                f"DROP TRIGGER IF EXISTS {q(name)}",
+                f"CREATE TRIGGER {q(name)} AFTER {event} ON {q(t.table)} FOR EACH ROW "
+                f"BEGIN\n  /* {mark} */\n  {body}\nEND",
+            ]
+        return statements
+
+    def drop_row_trigger(self, connection: BaseDatabaseWrapper, trigger: Trigger) -> list[str]:
+        return [f"DROP TRIGGER IF EXISTS {connection.ops.quote_name(trigger.name)}"]
+
+    def row_triggers(self, connection: BaseDatabaseWrapper, prefix: str) -> list[Trigger]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = "
+                           "'trigger' AND substr(name, 1, %s) = %s ORDER BY name",
+                           [len(prefix), prefix])
+            return [Trigger(name, table, text) for name, table, text in cursor.fetchall()]
 
 
 def with_short_waits(connection: Any, attempt: Callable[[], Any]) -> Any:

@@ -21,7 +21,7 @@ from ..db.connections import connected, own_process
 from ..logs import log_event, logger
 from ..outcomes import RunOutcome
 from ..registry import Worker
-from ..rows import store
+from ..rows import store, triggers
 from ..rows.store import Claimant, FailureInfo
 from ..rows.sweep import Sweeper
 from . import pool, units
@@ -53,6 +53,12 @@ class Options:
     burst: bool = False
     max_tasks_per_child: int | None = None
     grace_period: float = 30.0
+
+
+def _without_triggers(worker: Worker) -> bool:
+    """Whether ``worker``'s periodic full pass is needed: not while its database triggers
+    are current (they give every inserted row its unit and delete a deleted one's)."""
+    return not triggers.installed(worker)
 
 
 class Supervisor:
@@ -93,7 +99,8 @@ class Supervisor:
                                lambda: self.heartbeat.beat(self.children, self.progress.done))
         self.discovery = Discovery(
             [Sweeper(w, config.SWEEP_BATCH, full_interval=config.FULL_SWEEP_INTERVAL,
-                     owner=self.claimant.supervisor_id) for w in options.workers],
+                     owner=self.claimant.supervisor_id, periodic_full=_without_triggers)
+             for w in options.workers],
             config.SWEEP_INTERVAL, self._paused, self._broken_source)
         # In this order, every round, before claims: renewal right after the retried
         # writes, never behind a claim, a sweep or a prune.

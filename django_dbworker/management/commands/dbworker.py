@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import autodiscover_modules
 
-from django_dbworker.cli import OperationError, changes, render, reports
+from django_dbworker.cli import OperationError, changes, render, reports, triggers
 
 SCHEMA_VERSION = 1
 #: The largest --limit (a database LIMIT must fit its integer).
@@ -19,7 +19,7 @@ MAX_LIMIT = 2**31 - 1
 
 class Command(BaseCommand):
     help = ("Inspect and fix background work: inspect, stats, failed, dead, retry, reset, "
-            "cancel, purge, prune. 'manage.py dbworker SUBCOMMAND --help' for each.")
+            "cancel, purge, prune, triggers. 'manage.py dbworker SUBCOMMAND --help' for each.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
@@ -57,6 +57,11 @@ class Command(BaseCommand):
         p = add("prune", "Delete finished tasks and old supervisor rows.", changes_rows=True)
         p.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
                        help="Default: DBWORKER['RETENTION'].")
+        p = add("triggers", "Database triggers that make new rows pending in their writer's "
+                "transaction: status (default), install, remove.")
+        p.add_argument("action", nargs="?", default="status", choices=triggers.ACTIONS)
+        p.add_argument("--worker", action="append", dest="workers", metavar="WORKER",
+                       help="Only this worker (repeatable; default: every worker).")
 
     def _names(self, parser: CommandParser) -> None:
         parser.add_argument("--worker", action="append", dest="workers", metavar="WORKER")
@@ -89,6 +94,9 @@ class Command(BaseCommand):
 
             def text(d: dict[str, Any]) -> str:
                 return render.failed(d, options["tracebacks"])
+        elif name == "triggers":
+            doc = triggers.triggers(options["action"], options["workers"])
+            text = render.triggers
         else:
             doc, text = reports.dead(), render.dead
         self._print(name, doc, text, options["json"])
