@@ -1,6 +1,7 @@
 """The supervisor's duties (``supervisor/duties/``): one shape, ``due(now)`` / ``run(now)``,
 driven here by a fake clock; then what renewal, reaping, discovery and retention do to
-real rows, and the order the supervisor runs them in."""
+real rows, and the order the supervisor's loop runs them in (renewal is not among them:
+its renewer thread runs it, tests/test_renewer.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
 from django_dbworker.rows import store
 from django_dbworker.rows.store import Claimant
 from django_dbworker.rows.sweep import Sweeper
+from django_dbworker.supervisor import units
 from django_dbworker.supervisor.duties.base import (
     FAILURE_LOG_INTERVAL,
     Duties,
@@ -27,6 +29,7 @@ from django_dbworker.supervisor.duties.discovery import Discovery
 from django_dbworker.supervisor.duties.leases import Reaping, Renewal, Retries
 from django_dbworker.supervisor.duties.outage import Outage
 from django_dbworker.supervisor.duties.tasks import PRUNE_BATCH, PRUNE_POLL, Cron, Retention
+from django_dbworker.tasks import store as taskstore
 from tests.testapp import tasks
 from tests.testapp.models import Item
 
@@ -234,19 +237,35 @@ def test_a_full_pass_nothing_waits_for_takes_a_chunk_a_round_after_the_urgent_wo
 pytest_db = pytest.mark.django_db(transaction=True)
 
 
+def lease_left(c) -> float:
+    model = TaskRecord if hasattr(c, "task_id") else Execution
+    lease = model.objects.get(pk=c.unit_pk).lease_expires_at
+    return (lease - timezone.now()).total_seconds() if lease is not None else 0.0
+
+
 @pytest_db
-def test_renewal_extends_the_leases_held_and_beats():
-    item = Item.objects.create(kind="touch")
-    claimant = Claimant()
-    claims = store.claim(workers["touch"], 1, claimant, 1.0)
-    assert [c.source_key for c in claims] == [str(item.pk)]
+def test_renewal_extends_every_lease_its_supervisor_holds_and_beats():
+    """Found by the supervisor's id, with no list of units: a renewer thread has none."""
+    for _ in range(3):
+        Item.objects.create(kind="touch")
+    tasks.add.enqueue_many([((i, i), {}) for i in range(2)])
+    claimant, other = Claimant(), Claimant()
+    held = [*store.claim(workers["touch"], 2, claimant, 1.0),
+            *taskstore.claim(None, 1, claimant, 1.0)]
+    given_back = taskstore.claim(None, 1, claimant, 1.0)
+    units.unclaim(given_back)
+    theirs = store.claim(workers["touch"], 1, other, 1.0)
     beats = []
-    renewal = Renewal(claimant, 30.0, lambda: list(claims), lambda: beats.append(1))
+    renewal = Renewal(claimant, 30.0, lambda: beats.append(1), tasks=True)
     Duties([renewal], Clock(50.0)).run_due()
-    lease = Execution.objects.get(pk=claims[0].execution_id).lease_expires_at
-    assert lease > timezone.now() + timedelta(seconds=20)
+    assert all(lease_left(c) > 20 for c in held), "running, in a child or claimed ahead"
+    assert lease_left(theirs[0]) < 2, "another supervisor's unit is not renewed"
+    assert lease_left(given_back[0]) == 0.0, "what was given back is no longer held"
     assert beats == [1]
     assert not renewal.due(50.0 + 9.9) and renewal.due(50.0 + 10.0), "a third of the lease"
+    rows_only = Renewal(claimant, 60.0, lambda: None, tasks=False)
+    rows_only.run(0.0)
+    assert lease_left(held[0]) > 50 and lease_left(held[2]) < 31, "tasks only when it runs them"
 
 
 @pytest_db
@@ -255,13 +274,56 @@ def test_reaping_releases_an_expired_lease_and_says_so(caplog):
     (c,) = store.claim(workers["touch"], 1, Claimant(), 30.0)
     Execution.objects.filter(pk=c.execution_id).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1))
-    reaping = Reaping(30.0, 3, tasks=True)
+    reaping = Reaping(30.0, 3, tasks=True, spare=Claimant())
     with caplog.at_level(logging.INFO, logger="django_dbworker"):
         Duties([reaping], Clock(0.0)).run_due()
     execution = Execution.objects.get(pk=c.execution_id)
     assert execution.state != State.WORKING and execution.crashes == 1
     assert _events(caplog, "reaped") == ["reaped units=1 reason=\"lease expired\""]
     assert not reaping.due(4.9) and reaping.due(5.0), "a third of the lease, 5 s at most"
+
+
+@pytest_db
+def test_reaping_spares_its_own_supervisors_units():
+    """Its supervisor knows where they are (on SQLite a renewal may wait behind the write
+    lock while the supervisor is healthy): released when their child exits, not reaped."""
+    Item.objects.create(kind="touch")
+    tasks.add.enqueue(1, 2)
+    mine = Claimant()
+    held = [*store.claim(workers["touch"], 1, mine, 30.0), *taskstore.claim(None, 1, mine, 30.0)]
+    Execution.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    TaskRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    Reaping(30.0, 3, tasks=True, spare=mine, held=lambda: held).run(0.0)
+    assert status_of(held) == [State.WORKING, TaskStatus.RUNNING]
+    Reaping(30.0, 3, tasks=True, spare=Claimant()).run(10.0)
+    assert status_of(held) == [State.UNFINISHED, TaskStatus.READY]
+
+
+@pytest_db
+def test_reaping_gives_back_what_its_supervisor_holds_in_the_database_only(caplog):
+    """A claim whose answer was lost with its connection: WORKING under the supervisor's
+    id, unknown to its loop. Renewal (by the id) would keep it forever; it goes back, not as
+    a crash, while the units the loop holds stay."""
+    for _ in range(2):
+        Item.objects.create(kind="touch")
+    tasks.add.enqueue(1, 2)
+    mine = Claimant()
+    kept, lost = store.claim(workers["touch"], 2, mine, 30.0)
+    (lost_task,) = taskstore.claim(None, 1, mine, 30.0)
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        Reaping(30.0, 3, tasks=True, spare=mine, held=lambda: [kept]).run(0.0)
+    assert Execution.objects.get(pk=kept.execution_id).state == State.WORKING
+    unit = Execution.objects.get(pk=lost.execution_id)
+    assert (unit.state, unit.crashes, unit.token) == (State.UNFINISHED, 0, None)
+    assert TaskRecord.objects.get(pk=lost_task.task_id).status == TaskStatus.READY
+    assert _events(caplog, "released_untracked") == [
+        'released_untracked units=2 reason="held in the database by this supervisor, '
+        'not in memory"']
+
+
+def status_of(held) -> list[str]:
+    return [Execution.objects.get(pk=held[0].unit_pk).state,
+            TaskRecord.objects.get(pk=held[1].unit_pk).status]
 
 
 @pytest_db
@@ -298,17 +360,21 @@ def test_retention_comes_back_at_once_while_its_batches_are_full():
 
 
 @pytest_db
-def test_the_supervisor_runs_renewal_right_after_the_retried_writes():
+def test_the_supervisors_loop_runs_maintenance_and_its_renewer_the_renewal():
     from django_dbworker.supervisor.supervisor import Options, Supervisor
 
     supervisor = Supervisor(Options(workers=[workers["touch"]], tasks=True, concurrency=1),
                             conf.get(), None)
     try:
         assert [d.name for d in supervisor.duties.duties] == [
-            "retries", "renewal", "task_stops", "cron", "retention", "reaping", "discovery"]
+            "retries", "task_stops", "cron", "retention", "reaping", "discovery"]
         assert isinstance(supervisor.duties.duties[0], Retries)
-        assert isinstance(supervisor.duties.duties[3], Cron)
+        assert isinstance(supervisor.duties.duties[2], Cron)
         assert supervisor.retry_release is supervisor.retries.releases
+        assert isinstance(supervisor.renewer.renewal, Renewal)
+        assert supervisor.renewer.renewal.tasks and not supervisor.renewer.alive()
+        assert supervisor.reaping.spare is supervisor.claimant
+        assert supervisor.reaping.held == supervisor._held
     finally:
         supervisor._wake_r.close()
         supervisor._wake_w.close()

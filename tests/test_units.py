@@ -126,10 +126,10 @@ def test_run_runs_and_records_either_kind(claimed):
 
 def test_renew_extends_both_kinds_in_one_call(claimed):
     claimant = Claimant()
-    assert units.renew(claimant, claimed, 3600) == 0  # not ours: nothing renewed
+    assert units.renew(claimant, 3600, tasks=True) == 0  # not ours: nothing renewed
     owner = Execution.objects.get(pk=claimed[0].unit_pk).supervisor_id
     soon = timezone.now() + timedelta(seconds=3000)
-    assert units.renew(Claimant(supervisor_id=owner), claimed, 3600) == 2
+    assert units.renew(Claimant(supervisor_id=owner), 3600, tasks=True) == 2
     assert Execution.objects.get(pk=claimed[0].unit_pk).lease_expires_at > soon
     assert TaskRecord.objects.get(pk=claimed[1].unit_pk).lease_expires_at > soon
 

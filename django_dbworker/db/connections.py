@@ -48,6 +48,13 @@ def connected(using: str, raw: Any = None) -> bool:
         return False
 
 
+def bound_lock_waits(using: str, seconds: float) -> None:
+    """This thread's connection to ``using`` waits at most ``seconds`` for a lock
+    (``Engine.bound_lock_waits``)."""
+    connection = connections[using]
+    engine_for(connection).bound_lock_waits(connection, seconds)
+
+
 class TransactionCheck:
     """Was the transaction of a transactional handler ended behind our back?
 
@@ -92,3 +99,4 @@ class TransactionCheck:
         if marker is _UNSET:
             marker = self.engine.transaction_marker(connections[self.using])
         return marker == self.begun
+

@@ -126,6 +126,14 @@ class Engine:
         """Set up ``connection`` in one of our own processes (a supervisor, a child, a
         completion thread); ``runs_units``: it runs units over and over (a child)."""
 
+    def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        """Make statements on ``connection`` (this thread's) wait at most ``seconds`` for a
+        lock another connection holds, then fail, from now and after every reconnect: the
+        renewer's, so a fork never waits long for it (``supervisor/renewer.py``)."""
+        connection._dbworker_lock_wait = seconds  # type: ignore[attr-defined]
+        if connection.connection is not None:
+            self.on_connection_created(connection)
+
     def in_memory(self, connection: BaseDatabaseWrapper) -> bool:
         """Whether the database lives in one process's memory (other processes cannot see
         it)."""

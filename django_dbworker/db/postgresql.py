@@ -47,6 +47,13 @@ class PostgreSQL(Engine):
 
     # ----- connections ------------------------------------------------------------------
 
+    def on_connection_created(self, connection: BaseDatabaseWrapper) -> None:
+        """``lock_timeout`` where ``bound_lock_waits`` asked for one (the renewer's)."""
+        seconds = getattr(connection, "_dbworker_lock_wait", None)
+        if seconds is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET lock_timeout = {max(1, int(seconds * 1000))}")
+
     def own_process(self, connection: BaseDatabaseWrapper, *, runs_units: bool = False) -> None:
         if runs_units:
             prepared.activate()

@@ -43,7 +43,7 @@ class SQLite(Engine):
         """WAL and a busy timeout for every connection to our database file."""
         if connection.is_in_memory_db():
             return
-        timeout_ms = int(conf.get().SQLITE_BUSY_TIMEOUT * 1000)
+        timeout_ms = busy_timeout_ms(connection)
         with connection.cursor() as cursor:
             cursor.execute(f"PRAGMA busy_timeout = {timeout_ms}")
             cursor.execute("PRAGMA journal_mode = WAL")
@@ -252,5 +252,11 @@ def with_short_waits(connection: Any, attempt: Callable[[], Any]) -> Any:
                     raise
             time.sleep(pause)
     finally:
-        raw.execute(f"PRAGMA busy_timeout = {int(conf.get().SQLITE_BUSY_TIMEOUT * 1000)}")
+        raw.execute(f"PRAGMA busy_timeout = {busy_timeout_ms(connection)}")
     return attempt()
+
+
+def busy_timeout_ms(connection: Any) -> int:
+    """``SQLITE_BUSY_TIMEOUT``, or the shorter wait ``Engine.bound_lock_waits`` set."""
+    seconds = getattr(connection, "_dbworker_lock_wait", None)
+    return int((conf.get().SQLITE_BUSY_TIMEOUT if seconds is None else seconds) * 1000)

@@ -455,28 +455,35 @@ def too_many_crashes(crashed: FailureInfo, max_crashes: int) -> FailureInfo:
     )
 
 
-def renew(claimant: Claimant, execution_ids: list[int], lease: float) -> int:
-    """Extend the leases of the units this supervisor runs: one statement."""
-    if not execution_ids:
-        return 0
-    return Execution.objects.using(_alias()).filter(
-        id__in=execution_ids, supervisor_id=claimant.supervisor_id, state=State.WORKING
+def renew(claimant: Claimant, lease: float) -> int:
+    """Extend the lease of every execution ``claimant`` holds: one statement, through the
+    index ``dbworker_execution_working``.
+
+    Held means WORKING with its supervisor id: running or waiting in a child, or claimed
+    ahead. What it gave back, recorded, or lost to a reaper is no longer WORKING with its
+    id, so no list of held units is needed (the renewer thread has none)."""
+    return Execution.objects.using(_alias()).working().filter(
+        supervisor_id=claimant.supervisor_id
     ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
 
 
-def expired(now: datetime, using: str) -> Any:
-    """The units whose lease expired, read through the index ``dbworker_execution_working``."""
+def expired(now: datetime, using: str, spare: Claimant | None = None) -> Any:
+    """The units whose lease expired, read through the index ``dbworker_execution_working``;
+    not those of ``spare`` (the reaping supervisor's own)."""
     assert TRANSITIONS["reap"] == {State.WORKING}  # the index of ``working()``
-    return Execution.objects.using(using).working().filter(
-        lease_expires_at__lt=now
-    ).values_list("id", "attempts", "crashes", "token")[:1000]
+    qs = Execution.objects.using(using).working().filter(lease_expires_at__lt=now)
+    if spare is not None:
+        qs = qs.exclude(supervisor_id=spare.supervisor_id)
+    return qs.values_list("id", "attempts", "crashes", "token")[:1000]
 
 
-def reap(max_crashes: int) -> int:
-    """Take back units whose lease expired (their process or supervisor is gone)."""
+def reap(max_crashes: int, spare: Claimant | None = None) -> int:
+    """Take back units whose lease expired (their process or supervisor is gone), except
+    those of ``spare``: a supervisor does not reap its own units, it knows where they are
+    (``supervisor.duties.leases.Reaping``)."""
     using = _alias()
     now = timezone.now()
-    rows = list(expired(now, using))
+    rows = list(expired(now, using, spare))
     reaped = 0
     for execution_id, attempt, _crashes, token in rows:
         c = Claim(execution_id, "", "", token, attempt, now)
@@ -487,6 +494,20 @@ def reap(max_crashes: int) -> int:
         )
         reaped += release(c, crashed=info, max_crashes=max_crashes)
     return reaped
+
+
+def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> int:
+    """Give back the executions ``claimant`` holds in the database but not in memory
+    (``held``: ``(id, token)`` pairs; a claim's units share its token): not a crash
+    (``supervisor.units``)."""
+    using = _alias()
+    now = timezone.now()
+    rows = Execution.objects.using(using).working().filter(
+        supervisor_id=claimant.supervisor_id).values_list("id", "attempts", "token")
+    return sum(release(Claim(execution_id, "", "", token, attempt, now), crashed=None,
+                       max_crashes=1)
+               for execution_id, attempt, token in list(rows)
+               if (execution_id, token) not in held)
 
 
 def reset_failed(worker: Worker, pk: Any) -> bool:

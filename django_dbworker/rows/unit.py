@@ -26,10 +26,10 @@ class Executions:
 
     name = "execution"
 
-    def renew(self, claimant: Claimant, pks: list[Any], lease: float) -> int:
+    def renew(self, claimant: Claimant, lease: float) -> int:
         from . import store
 
-        return store.renew(claimant, pks, lease)
+        return store.renew(claimant, lease)
 
     def unclaim(self, claims: list[Any]) -> int:
         from . import store

@@ -1,8 +1,9 @@
 """The supervisor's row in ``Supervisor``: who runs, where, since when, and what.
 
-One UPDATE per lease renewal (an INSERT the first time); the row says ``alive`` while
-``heartbeat_expires_at`` (last beat + lease) is ahead, and ``stopped`` once the supervisor
-marks it on its way out. A supervisor that dies leaves it to go stale: ``dead``.
+One UPDATE per lease renewal (an INSERT the first time), from the renewer thread
+(``renewer.py``); the row says ``alive`` while ``heartbeat_expires_at`` (last beat + lease)
+is ahead, and ``stopped`` once the supervisor marks it on its way out, after that thread
+was joined. A supervisor that dies leaves it to go stale: ``dead``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class Heartbeat:
         return Supervisor.objects.using(conf.get().DATABASE)
 
     def beat(self, children: list[Any], done: int) -> None:
-        """Say we are alive and what each busy child runs; one statement."""
+        """Say we are alive and what each busy child runs; one statement. ``children``:
+        a copy of the main loop's list (this runs in the renewer thread)."""
         now = timezone.now()
         values = {"last_heartbeat": now, "heartbeat_expires_at": now + self.lease,
                   "running": [described for ch in children
@@ -63,7 +65,11 @@ class Heartbeat:
 
 def running(child: Any) -> dict[str, Any] | None:
     """A busy child's unit as JSON: the log fields of the unit, the child and since when;
-    None for a child between units."""
+    None for a child between units.
+
+    Safe from the renewer thread while the main loop changes the child: it reads the
+    numbers the child shares (under their lock) and looks one unit up in ``sent`` (one
+    dict lookup; nothing the main loop changes is iterated), and a claim is frozen."""
     unit = child.running()
     if unit is None:
         return None

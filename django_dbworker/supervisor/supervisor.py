@@ -34,6 +34,7 @@ from .heartbeat import Heartbeat
 from .pool import Child, describe_exit
 from .prefetch import Prefetch
 from .progress import Progress
+from .renewer import Renewer
 from .taskwork import TaskWork
 from .units import Unit
 from .wakeups import Commits, Listener
@@ -95,21 +96,26 @@ class Supervisor:
         #: Writes to retry once the database answers (``Retries``).
         self.retry_release = self.retries.releases
         self.retry_unclaim = self.retries.unclaims
-        self.renewal = Renewal(self.claimant, config.LEASE_SECONDS, self._held,
-                               lambda: self.heartbeat.beat(self.children, self.progress.done))
+        # Renewal and the heartbeat run in a thread of their own (renewer.py); what they
+        # read of the main loop's is copied there: the children list, the count done.
+        self.renewer = Renewer(Renewal(
+            self.claimant, config.LEASE_SECONDS, tasks=options.tasks,
+            beat=lambda: self.heartbeat.beat(list(self.children), self.progress.done)),
+            self.using)
+        self.reaping = Reaping(config.LEASE_SECONDS, config.MAX_CRASHES,
+                               tasks=self.tasks is not None, spare=self.claimant,
+                               held=self._held)
         self.discovery = Discovery(
             [Sweeper(w, config.SWEEP_BATCH, full_interval=config.FULL_SWEEP_INTERVAL,
                      owner=self.claimant.supervisor_id, periodic_full=_without_triggers)
              for w in options.workers],
             config.SWEEP_INTERVAL, self._paused, self._broken_source)
-        # In this order, every round, before claims: renewal right after the retried
-        # writes, never behind a claim, a sweep or a prune.
+        # In this order, every round, before claims (renewal is not among them: renewer.py).
         self.duties = Duties([
             self.retries,
-            self.renewal,
             *(self.tasks.duties(lambda: self.children, self._stop_child, self.prefetch)
               if self.tasks is not None else []),
-            Reaping(config.LEASE_SECONDS, config.MAX_CRASHES, tasks=self.tasks is not None),
+            self.reaping,
             self.discovery,
         ])
 
@@ -126,6 +132,7 @@ class Supervisor:
                   concurrency=self.options.concurrency, burst=self.options.burst)
         for slot in range(self.options.concurrency):
             self.children.append(self._start_child(slot))
+        self.renewer.start()
         try:
             code = self._loop()
         finally:
@@ -134,6 +141,7 @@ class Supervisor:
                 self._give_back(self.prefetch.drain())
             self.listener.close()
             self.progress.close()
+            self.renewer.stop()  # its last beat before the heartbeat's stop below
         with contextlib.suppress(DatabaseError):
             self.heartbeat.stop(code, self.progress.done)
         log_event(logging.INFO, "supervisor_stopped", supervisor=self.claimant.supervisor_id,
@@ -347,10 +355,11 @@ class Supervisor:
     # ----- periodic work --------------------------------------------------------------
 
     def _held(self) -> list[Unit]:
-        """Units whose leases are ours: running or waiting in a child, or claimed ahead
-        (renewed in the same statement)."""
+        """Units this supervisor holds: running or waiting in a child, claimed ahead, or
+        to be released or given back (``Retries``). Read by ``Reaping`` in this loop."""
         held = [c for ch in self.children for c in ch.sent.values()]
-        return held + self.prefetch.units()
+        retried = [c for c, _ in self.retries.releases] + self.retries.unclaims
+        return held + self.prefetch.units() + retried
 
     def _database_down(self, exc: DatabaseError) -> None:
         backoff = self.outage.failed(exc)
@@ -360,18 +369,19 @@ class Supervisor:
 
     def _idle_timeout(self) -> float:
         now = time.monotonic()
-        until_renew = self.renewal.every.left(now)
+        until_reap = self.reaping.every.left(now)
         poll = min(self.config.POLL_INTERVAL, self.discovery.left(now))
         expiry = self.prefetch.next_expiry(now)
         if expiry is not None:
             poll = min(poll, expiry)
-        return max(0.0, min(poll, until_renew))
+        return max(0.0, min(poll, until_reap))
 
     # ----- children -------------------------------------------------------------------
 
     def _start_child(self, slot: int) -> Child:
         self.listener.close()  # a forked child must not share its socket; reopened on wait
-        child = pool.start(slot, self.using, self.options.max_tasks_per_child)
+        with self.renewer.paused():  # nor the renewer's connection: none open meanwhile
+            child = pool.start(slot, self.using, self.options.max_tasks_per_child)
         log_event(logging.DEBUG, "child_started", slot=slot, child=child.pid)
         return child
 

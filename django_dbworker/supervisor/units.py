@@ -36,8 +36,8 @@ class Kind(Protocol):
     #: The word for one unit of the kind in messages: "execution", "task".
     name: str
 
-    def renew(self, claimant: Claimant, pks: list[Any], lease: float) -> int:
-        """Extend the leases of ``claimant``'s units ``pks`` (``Unit.unit_pk``)."""
+    def renew(self, claimant: Claimant, lease: float) -> int:
+        """Extend the lease of every unit of the kind that ``claimant`` holds."""
         ...
 
     def unclaim(self, claims: list[Any]) -> int:
@@ -151,15 +151,28 @@ def unclaim(claims: list[Unit]) -> int:
     return sum(kind.unclaim(group) for kind, group in by_kind(claims).items())
 
 
-def renew(claimant: Claimant, claims: list[Unit], lease: float) -> int:
-    """Extend the leases of the units this supervisor holds (one statement per kind)."""
-    return sum(kind.renew(claimant, [c.unit_pk for c in group], lease)
-               for kind, group in by_kind(claims).items())
+def renew(claimant: Claimant, lease: float, *, tasks: bool) -> int:
+    """Extend the leases of every unit ``claimant`` holds (one statement per kind; tasks
+    only when it runs them), found by its supervisor id, not listed."""
+    kinds = KINDS if tasks else tuple(k for k in KINDS if k is not TASKS)
+    return sum(kind.renew(claimant, lease) for kind in kinds)
 
 
-def reap(max_crashes: int, *, tasks: bool) -> int:
-    reaped = store.reap(max_crashes)
-    return reaped + taskstore.reap(max_crashes) if tasks else reaped
+def reap(max_crashes: int, *, tasks: bool, spare: Claimant | None = None) -> int:
+    """Take back units whose lease expired, except ``spare``'s (the reaper's own)."""
+    reaped = store.reap(max_crashes, spare)
+    return reaped + taskstore.reap(max_crashes, spare) if tasks else reaped
+
+
+def release_untracked(claimant: Claimant, held: list[Unit], *, tasks: bool) -> int:
+    """Give back the units ``claimant`` holds in the database but not in memory (``held``):
+    a claim whose answer was lost with its connection after it committed, a unit whose
+    record failed after it was forgotten. Renewal finds units by the supervisor's id, so
+    these would be renewed for as long as it lives and nobody would reap them. Not a
+    crash: they are claimable again at once."""
+    keys = {(c.unit_pk, c.token) for c in held}
+    released = store.release_untracked(claimant, keys)
+    return released + taskstore.release_untracked(claimant, keys) if tasks else released
 
 
 def describe(c: Unit) -> dict[str, Any]:

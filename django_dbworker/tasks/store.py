@@ -383,20 +383,24 @@ def unclaim(claims: list[TaskClaim]) -> int:
     )
 
 
-def renew(claimant: Claimant, task_ids: list[uuid.UUID], lease: float) -> int:
-    if not task_ids:
-        return 0
-    return TaskRecord.objects.using(_alias()).filter(
-        pk__in=task_ids, supervisor_id=claimant.supervisor_id, status=TaskStatus.RUNNING
+def renew(claimant: Claimant, lease: float) -> int:
+    """Extend the lease of every task ``claimant`` holds (RUNNING with its supervisor id:
+    running, waiting in a child or claimed ahead): one statement, through the index
+    ``dbworker_task_running``."""
+    return TaskRecord.objects.using(_alias()).running().filter(
+        supervisor_id=claimant.supervisor_id
     ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
 
 
-def reap(max_crashes: int) -> int:
+def reap(max_crashes: int, spare: Claimant | None = None) -> int:
+    """Take back tasks whose lease expired, except those of ``spare`` (as ``rows.store.reap``)."""
     using = _alias()
     now = timezone.now()
+    qs = TaskRecord.objects.using(using).running()  # the index dbworker_task_running
+    if spare is not None:
+        qs = qs.exclude(supervisor_id=spare.supervisor_id)
     rows = list(
-        TaskRecord.objects.using(using).running()  # the index dbworker_task_running
-        .filter(lease_expires_at__lt=now)
+        qs.filter(lease_expires_at__lt=now)
         .values_list("pk", "task_path", "attempts", "token")[:1000]
     )
     info = FailureInfo(
@@ -409,6 +413,19 @@ def reap(max_crashes: int) -> int:
                 max_crashes=max_crashes)
         for pk, path, attempt, token in rows
     )
+
+
+def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> int:
+    """Give back the tasks ``claimant`` holds in the database but not in memory (``held``:
+    ``(id, token)`` pairs; as ``rows.store.release_untracked``)."""
+    using = _alias()
+    now = timezone.now()
+    rows = TaskRecord.objects.using(using).running().filter(
+        supervisor_id=claimant.supervisor_id
+    ).values_list("pk", "task_path", "attempts", "token")
+    return sum(release(TaskClaim(pk, path, token, attempt, now, now), crashed=None,
+                       max_crashes=1)
+               for pk, path, attempt, token in list(rows) if (pk, token) not in held)
 
 
 # ----- cancellation and retention -----------------------------------------------------

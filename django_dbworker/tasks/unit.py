@@ -25,10 +25,10 @@ class Tasks:
 
     name = "task"
 
-    def renew(self, claimant: Claimant, pks: list[Any], lease: float) -> int:
+    def renew(self, claimant: Claimant, lease: float) -> int:
         from . import store
 
-        return store.renew(claimant, pks, lease)
+        return store.renew(claimant, lease)
 
     def unclaim(self, claims: list[Any]) -> int:
         from . import store

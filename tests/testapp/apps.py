@@ -5,6 +5,7 @@ class TestappConfig(AppConfig):
     name = "tests.testapp"
 
     def ready(self) -> None:
-        from . import faults
+        from . import faults, slow_sql
 
         faults.install()
+        slow_sql.install()

@@ -46,3 +46,9 @@ class Ranked(models.Model):
     no other worker reads them, so their executions count only there."""
 
     rank = models.IntegerField(default=0)
+
+
+class Slow(models.Model):
+    """Source rows of ``slow_eligible``, whose eligible queryset sleeps inside the database
+    on every claim (``DBWORKER_TEST_SLOW_ELIGIBLE`` seconds) and never lets a row through:
+    the claim that holds up a supervisor's loop (tests/test_renewer.py)."""

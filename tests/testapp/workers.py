@@ -6,6 +6,8 @@ import signal
 import time
 
 from django.db import connection, transaction
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
 
 from django_dbworker import (
     ExecutionStatus,
@@ -16,7 +18,7 @@ from django_dbworker import (
     workers,
 )
 
-from .models import Document, Effect, Item, Ranked, Solo, Tag
+from .models import Document, Effect, Item, Ranked, Slow, Solo, Tag
 
 
 def _act(item, name, context=None):
@@ -245,3 +247,21 @@ def rank_up(row):
 @worker(source=Ranked, eligible=lambda: Ranked.objects.order_by("-rank"))
 def rank_down(row):
     return _ran(row, "rank_down")
+
+
+# ----- a claim that holds up the supervisor (tests/test_renewer.py) ------------------------
+
+
+def _slow_rows():
+    """Sleeps ``DBWORKER_TEST_SLOW_ELIGIBLE`` seconds in the database for each row it looks
+    at, then finds it not eligible (``pg_sleep(s) IS NULL`` is false; SQLite's pg_sleep is
+    tests/testapp/slow_sql.py): every claim of ``slow_eligible`` takes that long and claims
+    nothing."""
+    seconds = float(os.environ.get("DBWORKER_TEST_SLOW_ELIGIBLE", "0"))
+    return Slow.objects.filter(
+        RawSQL("pg_sleep(%s) IS NULL", [seconds], output_field=BooleanField()))
+
+
+@worker(source=Slow, eligible=_slow_rows)
+def slow_eligible(row):
+    raise AssertionError("slow_eligible's rows are never eligible")

@@ -43,36 +43,58 @@ class Retries:
 
 
 class Renewal(Periodic):
-    """Every third of a lease: renew the lease of every unit held here (running, waiting
-    in a child, claimed ahead) in one statement per kind, then beat the heartbeat."""
+    """Every third of a lease: renew the lease of every unit held here, then beat the
+    heartbeat.
+
+    Held units are found by this supervisor's id (``units.renew``): running or waiting in
+    a child, or claimed ahead, whatever the main loop is doing. The supervisor runs this
+    duty in its renewer thread (``supervisor/renewer.py``), on a connection of its own,
+    never in the main loop's ``Duties``: no claim, sweep or prune can hold it up."""
 
     name = "renewal"
 
-    def __init__(self, claimant: Claimant, lease: float, held: Callable[[], list[Unit]],
-                 beat: Callable[[], None]) -> None:
+    def __init__(self, claimant: Claimant, lease: float, beat: Callable[[], None], *,
+                 tasks: bool) -> None:
         super().__init__(lease / 3)
         self.claimant = claimant
         self.lease = lease
-        self.held = held
         self.beat = beat
+        self.tasks = tasks
 
     def work(self, now: float) -> None:
-        units.renew(self.claimant, self.held(), self.lease)
+        units.renew(self.claimant, self.lease, tasks=self.tasks)
         self.beat()
 
 
 class Reaping(Periodic):
     """Every third of a lease, at most 5 s: release units whose lease expired (their
-    supervisor died or lost the database), counting a crash."""
+    supervisor died or lost the database), counting a crash.
+
+    Never those of its own supervisor (``spare``): it knows where they are, and releases
+    them itself when their child exits. On SQLite a renewal waits while another connection
+    holds the write lock (a long claim, a transactional handler), so a lease of a healthy
+    supervisor can lapse there; its own reaper must not take such units back. Instead, the
+    units its supervisor holds in the database but not in memory (``held``: a claim whose
+    answer was lost) go back, not as a crash (``units.release_untracked``): renewal finds
+    units by the supervisor's id and would keep them forever."""
 
     name = "reaping"
 
-    def __init__(self, lease: float, max_crashes: int, *, tasks: bool) -> None:
+    def __init__(self, lease: float, max_crashes: int, *, tasks: bool,
+                 spare: Claimant | None = None,
+                 held: Callable[[], list[Unit]] | None = None) -> None:
         super().__init__(min(lease / 3, 5.0))
         self.max_crashes = max_crashes
         self.tasks = tasks
+        self.spare = spare
+        self.held = held
 
     def work(self, now: float) -> None:
-        reaped = units.reap(self.max_crashes, tasks=self.tasks)
+        reaped = units.reap(self.max_crashes, tasks=self.tasks, spare=self.spare)
         if reaped:
             log_event(logging.WARNING, "reaped", units=reaped, reason="lease expired")
+        if self.spare is not None and self.held is not None:
+            lost = units.release_untracked(self.spare, self.held(), tasks=self.tasks)
+            if lost:
+                log_event(logging.WARNING, "released_untracked", units=lost,
+                          reason="held in the database by this supervisor, not in memory")

@@ -13,11 +13,15 @@ MAX_BACKOFF = 30.0
 
 
 class Outage:
-    """How long to wait after a failed round: 0.5 s, doubling up to 30 s, back to 0 after
-    a round that went through; since when and how often the database failed us."""
+    """How long to wait after a failed round: 0.5 s, doubling up to 30 s (``longest``),
+    back to 0 after a round that went through; since when and how often the database failed
+    us. ``part`` names, in its log lines, a part other than the main loop (``renewer``)."""
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = time.monotonic, *, longest: float = MAX_BACKOFF,
+                 part: str | None = None) -> None:
         self.clock = clock
+        self.longest = longest
+        self.context = {} if part is None else {"part": part}
         self.backoff = 0.0
         #: Since when (``clock``) and how many times in a row the database failed us.
         self.since: float | None = None
@@ -28,9 +32,9 @@ class Outage:
         if self.since is None:
             self.since = self.clock()
         self.attempts += 1
-        self.backoff = min(max(self.backoff * 2, FIRST_BACKOFF), MAX_BACKOFF)
+        self.backoff = min(max(self.backoff * 2, FIRST_BACKOFF), self.longest)
         log_event(logging.WARNING, "database_error", error=str(exc).strip()[:300],
-                  retry_in=self.backoff)
+                  retry_in=self.backoff, **self.context)
         return self.backoff
 
     def went_through(self, connected: bool) -> None:
@@ -42,6 +46,6 @@ class Outage:
         if self.since is None or not connected:
             return
         log_event(logging.WARNING, "reconnected", down_for=round(self.clock() - self.since, 2),
-                  attempts=self.attempts)
+                  attempts=self.attempts, **self.context)
         self.since = None
         self.attempts = 0
