@@ -15,7 +15,7 @@ from django_dbworker import workers
 from django_dbworker.models import Execution, State, SweepState
 from django_dbworker.rows import keys, store
 from django_dbworker.rows.store import Claimant
-from django_dbworker.rows.sweep import GAP_WAIT, Sweeper
+from django_dbworker.rows.sweep import FULL_SAVE_EVERY, GAP_WAIT, Sweeper
 from tests.testapp.models import Document, Item, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -192,7 +192,8 @@ def test_a_full_pass_is_resumed_where_a_stopped_process_left_it(monkeypatch):
     first = Sweeper(workers["touch"], batch=3, full_interval=3600.0)
     _pass(first)
     assert first.full_phase == "rows"
-    assert first.background(1.0) == 3 and first.background(2.0) == 3  # then it stops
+    # two chunks, the second after FULL_SAVE_EVERY: its position is kept; then it stops
+    assert first.background(1.0) == 3 and first.background(1.0 + FULL_SAVE_EVERY) == 3
     assert _state().full_cursor == str(items[5].pk)
     second = Sweeper(workers["touch"], batch=3, full_interval=3600.0)
     _pass(second, now=3.0)

@@ -54,6 +54,8 @@ GAP_WAIT = 600.0
 MAX_GAPS = 100
 #: Seconds without a step after which another process takes a full pass over.
 FULL_TAKEOVER = 120.0
+#: Seconds between two writes of a full pass's position (what a restart may walk again).
+FULL_SAVE_EVERY = 10.0
 #: Seconds between two steps of a full pass (it is background work: paced, never urgent;
 #: a step is ~10 ms of the database's time per 1,000 rows, so at most a tenth of one core).
 FULL_PAUSE = 0.1
@@ -100,6 +102,7 @@ class Sweeper:
         self.orphan_cursor = 0
         self._orphan_end: int | None = None
         self._next_full_step = 0.0
+        self._saved_at = 0.0
 
     # ----- the passes, as the Discovery duty drives them ---------------------------------
 
@@ -210,7 +213,7 @@ class Sweeper:
         # Without integer keys the full pass is the only discovery: --burst waits for it
         # when it is the first one or a due one.
         self.full_urgent = not self.by_watermark
-        self._next_full_step = now
+        self._next_full_step = self._saved_at = now
         logger.debug("full sweep of %s %s", self.worker.name, "started" if fresh else "resumed")
 
     def _periodic(self, state: SweepState, wall: Any) -> bool:
@@ -278,19 +281,28 @@ class Sweeper:
 
     def _full_step(self, now: float) -> int:
         added = 0
-        if self.full_phase == "rows":
+        phase = self.full_phase
+        if phase == "rows":
             end, added = self._rows_chunk(self.cursor)
             if end is None:
                 self.full_phase, self.orphan_cursor = "orphans", 0
             else:
                 self.cursor = end
-        elif self.full_phase == "orphans":
+        elif phase == "orphans":
             if self._orphan_end is None:
                 self._orphan_end = self._last_execution_id()
             if self.orphan_cursor >= self._orphan_end:
                 self._finish_full()
                 return 0
             self.orphan_cursor = self._orphans_chunk(self.orphan_cursor)
+        if self.full_phase != phase or now - self._saved_at >= FULL_SAVE_EVERY:
+            self._save_full(now)
+        return added
+
+    def _save_full(self, now: float) -> None:
+        """Keep the pass's position (a write: every ``FULL_SAVE_EVERY`` seconds, not every
+        step, so a pass that finds nothing rarely queues for SQLite's write lock)."""
+        self._saved_at = now
         kept = self._states().filter(full_owner=self.owner).update(
             full_phase=self.full_phase,
             full_cursor=(None if self.cursor is None
@@ -298,7 +310,6 @@ class Sweeper:
             orphan_cursor=self.orphan_cursor, full_stepped_at=timezone.now())
         if not kept:  # another process took the pass over: it goes on from where we were
             self.full_phase = ""
-        return added
 
     def _finish_full(self) -> None:
         self._states().filter(full_owner=self.owner).update(
