@@ -277,6 +277,12 @@ class Engine:
         marks = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
         return (f"WITH v ({names}) AS (VALUES {marks}) ", params), ("v", [])
 
+    def insert_select_ignoring(self, head: str, select: str) -> str:
+        """``head`` (``INSERT INTO t (columns)``) then ``select``, skipping the rows that
+        would break a unique constraint. (The ``WHERE`` keeps SQLite from reading the
+        upsert's ``ON`` as a join's.)"""
+        return f"{head} {select} WHERE true ON CONFLICT DO NOTHING"
+
     def json_rows_insert(self, head: str, columns: Sequence[Any], per_row: dict[str, int],
                          connection: BaseDatabaseWrapper) -> str | None:
         """An INSERT (``head`` names ``columns``, model fields) that takes the values every

@@ -42,7 +42,7 @@ from .. import conf
 from ..models import Execution, State, SweepState
 from ..registry import Worker
 from . import keys
-from .pending import add
+from .pending import add_selected
 from .queries import Probe
 
 logger = logging.getLogger("django_dbworker")
@@ -271,9 +271,8 @@ class Sweeper:
         if not found:
             return 0
         missing = (self.worker.eligible_queryset().using(self._using()).order_by()
-                   .filter(pk__in=found).filter(~Probe(self._has_unit()))
-                   .values_list("pk", flat=True))
-        added = add(self.worker, list(missing), self._using())
+                   .filter(pk__in=found).filter(~Probe(self._has_unit())))
+        added = add_selected(self.worker, missing, self._using())
         self.gaps = [piece for gap in self.gaps for piece in _split(gap, found)]
         return added
 
@@ -331,9 +330,8 @@ class Sweeper:
             _after(self.worker.eligible_queryset().using(self._using()).order_by(), "pk", start)
             .filter(pk__lte=end)
             .filter(~Probe(self._has_unit()))
-            .values_list("pk", flat=True)
         )
-        return add(self.worker, list(missing), self._using())
+        return add_selected(self.worker, missing, self._using())
 
     def _rows_chunk(self, cursor: Any) -> tuple[Any, int]:
         """The source rows after ``cursor``, ``batch`` keys: (the chunk's last key or None

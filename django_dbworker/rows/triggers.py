@@ -32,6 +32,7 @@ from ..exceptions import TriggerUnavailable, UnknownWorker
 from ..models import Execution, State
 from ..registry import NAME_RE, Worker
 from . import keys
+from .pending import new_execution_sql, sql_literal
 
 PREFIX = "dbworker_"
 #: PostgreSQL's longest identifier.
@@ -101,41 +102,19 @@ def _source_table(worker: Worker, using: str) -> tuple[str, models.Field]:
     return model._meta.db_table, model._meta.pk
 
 
-def _literal(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise TypeError(f"no SQL literal for the execution default {value!r}")
-    return str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"
-
-
-def _new_execution(worker: Worker) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The columns of a new PENDING execution and their SQL: the worker, the row's key,
-    its sort key, the time for both timestamps, and the model's default for every other
-    column that cannot be NULL (what the ORM writes: ``rows/pending.add``)."""
-    special = {"worker": _literal(worker.name), "source_id": "{key}",
-               "sort_key": "{sort_key}", "available_at": "{now}", "created_at": "{now}",
-               "state": _literal(str(State.PENDING))}
-    columns, values = [], []
-    for field in Execution._meta.concrete_fields:
-        if field.primary_key or (field.null and field.name not in special):
-            continue
-        columns.append(field.column)
-        values.append(special.get(field.name) or _literal(field.get_default()))
-    return tuple(columns), tuple(values)
-
-
 def _describe(worker: Worker, using: str, mark: str) -> RowTriggers:
     table, pk = _source_table(worker, using)
     connection = connections[using]
     q = connection.ops.quote_name
-    columns, values = _new_execution(worker)
+    columns, values = new_execution_sql(worker)
     insert_name, delete_name = trigger_names(worker.name)
     field = Execution._meta.get_field
     return RowTriggers(
         table=table, pk=pk.column, integer_pk=keys.has_integer_pk(worker.source),
         executions=Execution._meta.db_table, columns=columns, values=values,
         key_column=field("source_id").column,
-        mine=f"{q(field('worker').column)} = {_literal(worker.name)}",
-        deletable=f"{q(field('state').column)} <> {_literal(str(State.WORKING))}",
+        mine=f"{q(field('worker').column)} = {sql_literal(worker.name)}",
+        deletable=f"{q(field('state').column)} <> {sql_literal(str(State.WORKING))}",
         dependents=tuple((r.related_model._meta.db_table, r.field.column)
                          for r in Execution._meta.related_objects),
         insert_name=insert_name, delete_name=delete_name,
@@ -344,7 +323,7 @@ def _catch_up(worker: Worker, using: str, now: Any) -> None:
     missing = (model._base_manager.using(using).order_by().filter(~Exists(has_unit))
                .values(dbworker_pk=F("pk")))
     sub_sql, sub_params = missing.query.get_compiler(using).as_sql()
-    columns, values = _new_execution(worker)
+    columns, values = new_execution_sql(worker)
     q = connection.ops.quote_name
     key = "CAST(m.dbworker_pk AS TEXT)"
     sort = "m.dbworker_pk" if keys.has_integer_pk(worker.source) else "NULL"
