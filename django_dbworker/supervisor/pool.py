@@ -23,6 +23,13 @@ from .handoff import Handoff
 from .units import Unit
 
 _fork = multiprocessing.get_context("fork")
+#: Whether ``start`` has frozen this process's heap (``gc.freeze()``). Not
+#: ``gc.get_freeze_count()``: on Python 3.12 it is not 0 when nothing was frozen, since
+#: every collection (one runs at startup) moves the immortal objects it meets (the
+#: ``__bases__`` and ``__mro__`` tuples of the builtin types, some 375) to the permanent
+#: generation that ``gc.freeze()`` fills; "frozen already" was always true there and the
+#: heap was never frozen. On 3.13 the count stays 0 until ``gc.freeze()``.
+_frozen = False
 PR_SET_CHILD_SUBREAPER = 36
 #: Seconds the processes a task left behind get after SIGTERM at stop, before SIGKILL.
 ORPHAN_GRACE = 1.0
@@ -274,9 +281,11 @@ def start(slot: int, using: str, max_tasks: int | None) -> Child:
     and exit does not collect it (0.1-0.2 s of every ``runworkers`` start and stop
     before). Once only: a cycle that was garbage when frozen is never freed, so freezing
     again at every fork (children retire, ``--max-tasks-per-child``) would keep some."""
+    global _frozen
     connections.close_all()
-    if not gc.get_freeze_count():
+    if not _frozen:
         gc.freeze()
+        _frozen = True
     ours, theirs = _fork.Pipe()
     handoff = Handoff(_fork)
     process = _fork.Process(
