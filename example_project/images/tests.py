@@ -168,3 +168,41 @@ class TaskTests(ExampleTestCase):
         self.assertEqual(counts, {"uploaded": 2, "prepared": 1, "failed": 1, "duplicates": 0})
         self.assertEqual(len(mail.outbox), 1)
         self.assertIn("2 uploaded", mail.outbox[0].subject)
+
+
+class ApiErrorTests(ExampleTestCase):
+    """The JSON API's errors are JSON, with a message that says what was wrong."""
+
+    def assertJsonError(self, response, status: int, text: str) -> None:
+        self.assertEqual(response.status_code, status)
+        self.assertEqual(response["Content-Type"], "application/json")
+        self.assertIn(text, response.json()["error"])
+
+    def test_an_unknown_image_is_a_json_404(self):
+        self.assertJsonError(self.client.get("/api/images/999/"), 404,
+                             "No Image matches the given query")
+
+    def test_an_unknown_api_url_is_a_json_404(self):
+        self.assertJsonError(self.client.get("/api/nothing/"), 404,
+                             "no such API resource: /api/nothing/")
+
+    def test_a_wrong_method_is_a_json_405_with_allow(self):
+        response = self.client.delete("/api/duplicates/")
+        self.assertJsonError(response, 405, "DELETE is not allowed here; use GET")
+        self.assertEqual(response["Allow"], "GET")
+
+    def test_an_upload_without_a_file_keeps_its_message(self):
+        self.assertJsonError(self.client.post("/api/images/"), 400, "multipart form field")
+
+    def test_an_error_in_a_view_is_a_json_500_without_debug(self):
+        self.client.raise_request_exception = False
+        with mock.patch("images.views.images_with_status", side_effect=RuntimeError("boom")):
+            response = self.client.get("/api/images/")
+        self.assertJsonError(response, 500, "Internal Server Error")
+        self.assertNotIn("boom", response.content.decode())
+
+    def test_pages_outside_the_api_keep_their_html_errors(self):
+        response = self.client.get("/images/999/thumbnail.png")
+        self.assertEqual(response.status_code, 404)
+        self.assertTrue(response["Content-Type"].startswith("text/html"))
+
