@@ -4,6 +4,8 @@ SQLite and PostgreSQL). Work runs in this process with run_until_idle(): no runw
 import io
 import shutil
 import tempfile
+import uuid
+from datetime import timedelta
 from unittest import mock
 
 from django.core import mail
@@ -11,9 +13,11 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from django.tasks import TaskResultStatus, default_task_backend
 from django.test import TestCase, override_settings
+from django.utils import timezone
 from PIL import Image as Pillow
 
 from django_dbworker import ExecutionStatus, execution_status, workers
+from django_dbworker.models import Supervisor
 from django_dbworker.scheduling import schedules
 from django_dbworker.testing import run_until_idle
 
@@ -206,3 +210,32 @@ class ApiErrorTests(ExampleTestCase):
         self.assertEqual(response.status_code, 404)
         self.assertTrue(response["Content-Type"].startswith("text/html"))
 
+
+class OperationsTests(ExampleTestCase):
+    """django_dbworker's health check and metrics, mounted under /dbworker/."""
+
+    def test_health_wants_a_live_supervisor(self):
+        response = self.client.get("/dbworker/health/")
+        self.assertEqual(response.status_code, 503)  # no runworkers in a test
+        self.assertIn("0 supervisor(s) alive", response.json()["problems"][0])
+        self.assertIn("worker:prepare_image", response.json()["lag_seconds"])
+
+    def test_health_is_ok_while_a_supervisor_beats(self):
+        now = timezone.now()
+        Supervisor.objects.create(id=uuid.uuid4(), host="h", pid=1, started_at=now,
+                                  last_heartbeat=now,
+                                  heartbeat_expires_at=now + timedelta(seconds=30))
+        response = self.client.get("/dbworker/health/")
+        self.assertEqual(response.status_code, 200, response.content)
+        self.assertEqual(response.json()["status"], "ok")
+
+    def test_metrics_count_the_images_work(self):
+        self.upload("a.png", picture(1))
+        self.upload("b.png", b"not a picture")
+        run_until_idle(WORKERS)
+        response = self.client.get("/dbworker/metrics/")
+        self.assertEqual(response.status_code, 200)
+        self.assertTrue(response["Content-Type"].startswith("text/plain"))
+        text = response.content.decode()
+        self.assertIn('dbworker_executions{worker="prepare_image",status="finished"} 1', text)
+        self.assertIn('dbworker_executions{worker="prepare_image",status="failed"} 1', text)
