@@ -145,6 +145,12 @@ def running(pid: int) -> bool:
         return False
 
 
+def default_sigint() -> None:
+    """As from a terminal: a shell started with SIGINT ignored (pytest run in the background
+    of a script, say) can never trap it, whatever the script does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_the_demo_stops_on_a_signal_to_its_own_pid(example_env: dict[str, str],
@@ -157,7 +163,7 @@ def test_the_demo_stops_on_a_signal_to_its_own_pid(example_env: dict[str, str],
     demo = subprocess.Popen(["bash", str(ROOT / "scripts" / "demo"), "--port", str(free_port())],
                             cwd=ROOT, env={**example_env, "TMPDIR": str(tmp)},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)
     lines: list[str] = []
     serving = threading.Event()  # the URLs are printed and the progress display has begun
 
@@ -179,7 +185,10 @@ def test_the_demo_stops_on_a_signal_to_its_own_pid(example_env: dict[str, str],
 
         signalled = time.monotonic()
         demo.send_signal(signum)
-        returncode = demo.wait(timeout=20)
+        try:
+            returncode = demo.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("still running 20 s after the signal: " + "".join(lines))
         took = time.monotonic() - signalled
     finally:
         if demo.poll() is None:  # the test failed: leave nothing running either
