@@ -130,6 +130,8 @@ class DBWorkerBackend(BaseTaskBackend):
         value = self.options.get("ENQUEUE_ON_COMMIT", False) if isinstance(
             self.options, dict) else False
         self.enqueue_on_commit = value is True
+        #: Whether TASKS[alias] sets QUEUES (otherwise Django allows only "default").
+        self.queues_configured = "QUEUES" in params
 
     # ----- validation -----------------------------------------------------------------
 
@@ -171,12 +173,21 @@ class DBWorkerBackend(BaseTaskBackend):
                 f"{MAX_QUEUE_NAME_LENGTH} characters."
             )
         if self.queues and task.queue_name not in self.queues:
-            raise InvalidTask(
-                f"{where}: queue {task.queue_name!r} is not configured for task backend "
-                f"{self.alias!r}; its QUEUES are {sorted(self.queues)}."
-            )
+            raise InvalidTask(self._unknown_queue(where, task.queue_name))
         if isinstance(task, DBWorkerTask):
             _validate_options(where, task)
+
+    def _unknown_queue(self, where: str, queue: str) -> str:
+        """What to do about a queue this backend does not know: add it to its QUEUES."""
+        setting = f"TASKS[{self.alias!r}]['QUEUES']"
+        known = sorted(self.queues)
+        if self.queues_configured:
+            return (f"{where}: queue {queue!r} is not configured for task backend "
+                    f"{self.alias!r}; {setting} is {known}. Add {queue!r} to "
+                    f"{setting} in your settings, or use one of those queues.")
+        return (f"{where}: queue {queue!r} is not configured for task backend {self.alias!r}, "
+                f"which has no QUEUES setting and so takes only {known}. Add "
+                f"\"QUEUES\": {[*known, queue]!r} to TASKS[{self.alias!r}] in your settings.")
 
     # ----- enqueue --------------------------------------------------------------------
 

@@ -2,19 +2,25 @@
 
 Each test gets a database of its own: a SQLite file, or a PostgreSQL database
 ``dbworker_example_<pid>`` created and dropped here. ``scripts/demo --check`` is the whole
-demo (migrate, admin user, sample uploads, runserver and runworkers, the page and the API
-checked over HTTP); the example's own tests (``manage.py test images``) check its views,
-query counts and tasks.
+demo (migrate, admin user, sample uploads, runserver and runworkers, the page, the API,
+health and metrics checked over HTTP); ``scripts/demo`` stops, with everything it started,
+on SIGINT or SIGTERM to its own pid; the example's own tests (``manage.py test images``)
+check its views, JSON errors, query counts and tasks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import re
+import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,6 +109,102 @@ def test_the_demo_finds_the_planted_duplicates(example_env: dict[str, str]) -> N
     assert "--check passed" in output and "stopped after" in output, output
     assert "'notes.txt' is not an image" in output, "the failure is shown: " + output
     assert found_pairs(example_env) == planted_pairs()
+
+
+def processes_below(pid: int) -> dict[int, str]:
+    """Every live process below ``pid`` and its command line, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(stat.parent.name))
+    found: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = command_line(child)
+            todo.append(child)
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def running(pid: int) -> bool:
+    """False once the process is gone or a zombie (its parent may be a container's init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def default_sigint() -> None:
+    """As from a terminal: a shell started with SIGINT ignored (pytest run in the background
+    of a script, say) can never trap it, whatever the script does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_the_demo_stops_on_a_signal_to_its_own_pid(example_env: dict[str, str],
+                                                   tmp_path: Path, signum: int) -> None:
+    """Not a Ctrl-C to the process group: ``kill -TERM <pid>`` of the script alone stops
+    runserver, runworkers (and its children) and the progress display, and removes the
+    script's temporary folder."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    demo = subprocess.Popen(["bash", str(ROOT / "scripts" / "demo"), "--port", str(free_port())],
+                            cwd=ROOT, env={**example_env, "TMPDIR": str(tmp)},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)
+    lines: list[str] = []
+    serving = threading.Event()  # the URLs are printed and the progress display has begun
+
+    def read() -> None:
+        for line in demo.stdout:
+            lines.append(line)
+            if re.match(r"\[ *[0-9.]+s\] [0-9]+ images", line) and any(
+                    "Ctrl-C stops everything" in earlier for earlier in lines):
+                serving.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    below: dict[int, str] = {}
+    try:
+        assert serving.wait(150), "".join(lines)
+        below = processes_below(demo.pid)
+        started = " | ".join(below.values())
+        assert "runserver" in started and "runworkers" in started and "watch" in started, started
+        assert list(tmp.glob("dbworker-demo.*")), "the script keeps its logs in TMPDIR"
+
+        signalled = time.monotonic()
+        demo.send_signal(signum)
+        try:
+            returncode = demo.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("still running 20 s after the signal: " + "".join(lines))
+        took = time.monotonic() - signalled
+    finally:
+        if demo.poll() is None:  # the test failed: leave nothing running either
+            for pid in [demo.pid, *below]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            demo.wait()
+    output = "".join(lines)
+    assert returncode == 128 + signum, output
+    assert took < 10, f"stopped after {took:.1f}s: {output}"
+    deadline = time.monotonic() + 5  # runworkers' children die with it (PDEATHSIG)
+    while (left := {pid: cmd for pid, cmd in below.items() if running(pid)}) and (
+            time.monotonic() < deadline):
+        time.sleep(0.05)
+    assert not left, f"still running after the demo stopped: {left}"
+    assert not list(tmp.iterdir()), "the temporary folder is removed"
 
 
 def test_the_examples_own_tests(example_env: dict[str, str]) -> None:

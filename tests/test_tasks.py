@@ -234,6 +234,31 @@ def test_bad_using_options(options, message):
         tasks.add.using(**options)
 
 
+def test_an_unknown_queue_says_where_to_add_it():
+    with pytest.raises(InvalidTask) as caught:
+        tasks.add.using(queue_name="reports")
+    assert str(caught.value) == (
+        "Task 'add': queue 'reports' is not configured for task backend 'default'; "
+        "TASKS['default']['QUEUES'] is ['default', 'emails', 'slow']. Add 'reports' to "
+        "TASKS['default']['QUEUES'] in your settings, or use one of those queues.")
+
+
+def test_an_unknown_queue_of_a_backend_without_queues_says_to_add_them():
+    from django.tasks import task
+
+    def f():
+        pass
+
+    f.__module__ = "tests.testapp.tasks"
+    f.__qualname__ = f.__name__ = "f"
+    with pytest.raises(InvalidTask) as caught:  # at decoration, as at import of tasks.py
+        task(backend="on_commit", queue_name="reports")(f)
+    assert str(caught.value) == (
+        "Task 'f': queue 'reports' is not configured for task backend 'on_commit', which "
+        "has no QUEUES setting and so takes only ['default']. Add "
+        "\"QUEUES\": ['default', 'reports'] to TASKS['on_commit'] in your settings.")
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

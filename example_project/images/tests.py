@@ -4,6 +4,8 @@ SQLite and PostgreSQL). Work runs in this process with run_until_idle(): no runw
 import io
 import shutil
 import tempfile
+import uuid
+from datetime import timedelta
 from unittest import mock
 
 from django.core import mail
@@ -11,9 +13,11 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from django.tasks import TaskResultStatus, default_task_backend
 from django.test import TestCase, override_settings
+from django.utils import timezone
 from PIL import Image as Pillow
 
 from django_dbworker import ExecutionStatus, execution_status, workers
+from django_dbworker.models import Supervisor
 from django_dbworker.scheduling import schedules
 from django_dbworker.testing import run_until_idle
 
@@ -168,3 +172,70 @@ class TaskTests(ExampleTestCase):
         self.assertEqual(counts, {"uploaded": 2, "prepared": 1, "failed": 1, "duplicates": 0})
         self.assertEqual(len(mail.outbox), 1)
         self.assertIn("2 uploaded", mail.outbox[0].subject)
+
+
+class ApiErrorTests(ExampleTestCase):
+    """The JSON API's errors are JSON, with a message that says what was wrong."""
+
+    def assertJsonError(self, response, status: int, text: str) -> None:
+        self.assertEqual(response.status_code, status)
+        self.assertEqual(response["Content-Type"], "application/json")
+        self.assertIn(text, response.json()["error"])
+
+    def test_an_unknown_image_is_a_json_404(self):
+        self.assertJsonError(self.client.get("/api/images/999/"), 404,
+                             "No Image matches the given query")
+
+    def test_an_unknown_api_url_is_a_json_404(self):
+        self.assertJsonError(self.client.get("/api/nothing/"), 404,
+                             "no such API resource: /api/nothing/")
+
+    def test_a_wrong_method_is_a_json_405_with_allow(self):
+        response = self.client.delete("/api/duplicates/")
+        self.assertJsonError(response, 405, "DELETE is not allowed here; use GET")
+        self.assertEqual(response["Allow"], "GET")
+
+    def test_an_upload_without_a_file_keeps_its_message(self):
+        self.assertJsonError(self.client.post("/api/images/"), 400, "multipart form field")
+
+    def test_an_error_in_a_view_is_a_json_500_without_debug(self):
+        self.client.raise_request_exception = False
+        with mock.patch("images.views.images_with_status", side_effect=RuntimeError("boom")):
+            response = self.client.get("/api/images/")
+        self.assertJsonError(response, 500, "Internal Server Error")
+        self.assertNotIn("boom", response.content.decode())
+
+    def test_pages_outside_the_api_keep_their_html_errors(self):
+        response = self.client.get("/images/999/thumbnail.png")
+        self.assertEqual(response.status_code, 404)
+        self.assertTrue(response["Content-Type"].startswith("text/html"))
+
+
+class OperationsTests(ExampleTestCase):
+    """django_dbworker's health check and metrics, mounted under /dbworker/."""
+
+    def test_health_wants_a_live_supervisor(self):
+        response = self.client.get("/dbworker/health/")
+        self.assertEqual(response.status_code, 503)  # no runworkers in a test
+        self.assertIn("0 supervisor(s) alive", response.json()["problems"][0])
+        self.assertIn("worker:prepare_image", response.json()["lag_seconds"])
+
+    def test_health_is_ok_while_a_supervisor_beats(self):
+        now = timezone.now()
+        Supervisor.objects.create(id=uuid.uuid4(), host="h", pid=1, started_at=now,
+                                  last_heartbeat=now,
+                                  heartbeat_expires_at=now + timedelta(seconds=30))
+        response = self.client.get("/dbworker/health/")
+        self.assertEqual(response.status_code, 200, response.content)
+        self.assertEqual(response.json()["status"], "ok")
+
+    def test_metrics_count_the_images_work(self):
+        self.upload("a.png", picture(1))
+        self.upload("b.png", b"not a picture")
+        run_until_idle(WORKERS)
+        response = self.client.get("/dbworker/metrics/")
+        self.assertEqual(response.status_code, 200)
+        self.assertTrue(response["Content-Type"].startswith("text/plain"))
+        text = response.content.decode()
+        self.assertIn('dbworker_executions{worker="prepare_image",status="finished"} 1', text)
+        self.assertIn('dbworker_executions{worker="prepare_image",status="failed"} 1', text)

@@ -2,6 +2,7 @@
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 from django.core.management.base import BaseCommand, CommandError
@@ -32,7 +33,8 @@ class Command(BaseCommand):
         parser.add_argument("--check", action="store_true")
         parser.add_argument("--timeout", type=float, default=120.0)
         parser.add_argument("--url", help="With --check: also check that the page and the "
-                                          "JSON API served here show the planted duplicates.")
+                                          "JSON API served here show the planted duplicates, "
+                                          "and that its health check and metrics answer.")
         parser.add_argument("--interval", type=float, default=0.5)
 
     def handle(self, *args, check, timeout, url, interval, **options):
@@ -100,3 +102,15 @@ class Command(BaseCommand):
                    if pair not in served or not all(name in page for name in pair)]
         if missing:
             raise CommandError(f"--check: {url} does not show the planted duplicates {missing}")
+        try:
+            with urllib.request.urlopen(f"{url}/dbworker/health/", timeout=10) as response:
+                health = json.load(response)
+            with urllib.request.urlopen(f"{url}/dbworker/metrics/", timeout=10) as response:
+                metrics = response.read().decode()
+        except urllib.error.HTTPError as exc:  # health: 503 without a live runworkers
+            raise CommandError(f"--check: {exc.url} answered {exc.code}: "
+                               f"{exc.read().decode()[:500]}") from exc
+        if "dbworker_executions{" not in metrics:
+            raise CommandError(f"--check: {url}/dbworker/metrics/ has no executions: {metrics}")
+        if not health["healthy"]:
+            raise CommandError(f"--check: {url}/dbworker/health/ says {health}")
