@@ -16,6 +16,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.signals import setting_changed
 from django.db import connections, models
 
@@ -36,8 +37,8 @@ class Reader:
     names: list[str]  # their attribute names, for Model.from_db
     annotations: dict[str, int]  # annotation name -> column
 
-    def read(self, model: type[models.Model], pk: Any, using: str,
-             first: bool = False) -> models.Model | None:
+    def read[M: models.Model](self, model: type[M], pk: Any, using: str,
+                              first: bool = False) -> M | None:
         params = list(self.params)
         params[self.slot] = pk
         connection = connections[using]
@@ -57,8 +58,9 @@ _readers: dict[Hashable, Reader | None] = {}
 _UNKNOWN: Any = object()
 
 
-def get(model: type[models.Model], pk: Any, using: str,
-        annotations: dict[str, Any] | None = None, *, first: bool = False) -> models.Model:
+def get[M: models.Model](model: type[M], pk: Any, using: str,
+                         annotations: dict[str, Any] | None = None, *,
+                         first: bool = False) -> M:
     """The row of ``model`` with primary key ``pk``; raises ``model.DoesNotExist``.
 
     ``first``: the read is the first statement of the transaction just opened (its BEGIN
@@ -74,8 +76,15 @@ def get(model: type[models.Model], pk: Any, using: str,
         return qs.get(pk=pk)
     instance = reader.read(model, _prep(model, pk, using), using, first)
     if instance is None:
-        raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
+        raise does_not_exist(model)(
+            f"{model._meta.object_name} matching query does not exist.")
     return instance
+
+
+def does_not_exist(model: type[models.Model]) -> type[ObjectDoesNotExist]:
+    """``model.DoesNotExist``. Sources are concrete models (``registry``), which all have
+    it; django-stubs declares it only on the concrete models it sees."""
+    return model.DoesNotExist  # type: ignore[attr-defined]  # any concrete model: see above
 
 
 def _reader(manager: models.Manager[Any], annotations: dict[str, Any],
@@ -143,8 +152,8 @@ class Columns:
             return [tuple(r) for r in self.compiler.apply_converters(rows, self.converters)]
         return rows
 
-    def instance(self, model: type[models.Model], using: str,
-                 values: tuple[Any, ...]) -> models.Model:
+    def instance[M: models.Model](self, model: type[M], using: str,
+                                  values: tuple[Any, ...]) -> M:
         return model.from_db(using, self.names, values)
 
 

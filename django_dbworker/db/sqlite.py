@@ -12,7 +12,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from contextlib import closing
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from django.core.checks import CheckMessage, Warning
 from django.db import OperationalError
@@ -22,9 +22,22 @@ from .. import conf
 from . import direct
 from .engine import Claim, Engine, RowTriggers, TransactionEnded, Trigger
 
+if TYPE_CHECKING:
+    from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
+
 #: Seconds between the tries of a SQLite write lock that was busy, before waiting for it
 #: the way SQLite does (about 20 ms in all).
 _PAUSES = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, *(0.001,) * 19)
+
+
+class _Beginning(Protocol):
+    """What ``own_process`` uses of Django's SQLite wrapper that django-stubs does not
+    declare (Django internals: its transaction mode and how it begins a transaction), and
+    our mark that it was done."""
+
+    transaction_mode: str | None
+    _start_transaction_under_autocommit: Callable[[], None]
+    _dbworker_short_waits: bool
 
 
 class SQLite(Engine):
@@ -41,7 +54,7 @@ class SQLite(Engine):
 
     def on_connection_created(self, connection: BaseDatabaseWrapper) -> None:
         """WAL and a busy timeout for every connection to our database file."""
-        if connection.is_in_memory_db():
+        if cast("SQLiteWrapper", connection).is_in_memory_db():
             return
         timeout_ms = busy_timeout_ms(connection)
         with connection.cursor() as cursor:
@@ -78,24 +91,25 @@ class SQLite(Engine):
         locked" when another process wrote meanwhile; an immediate one waits its turn.
         """
         connection.settings_dict.setdefault("OPTIONS", {})["transaction_mode"] = "IMMEDIATE"
-        connection.transaction_mode = "IMMEDIATE"
+        wrapper = cast(_Beginning, connection)
+        wrapper.transaction_mode = "IMMEDIATE"
         if getattr(connection, "_dbworker_short_waits", False):
             return
-        begin = connection._start_transaction_under_autocommit
+        begin = wrapper._start_transaction_under_autocommit
 
         def begin_now() -> None:
             raw = direct.connection_for(connection)
             if raw is None:
                 return begin()
-            mode = connection.transaction_mode
+            mode = wrapper.transaction_mode
             direct.execute(connection, raw, "BEGIN" if mode is None else f"BEGIN {mode}", ())
 
-        connection._start_transaction_under_autocommit = (  # type: ignore[method-assign]
+        wrapper._start_transaction_under_autocommit = (
             lambda: with_short_waits(connection, begin_now))
-        connection._dbworker_short_waits = True
+        wrapper._dbworker_short_waits = True
 
     def in_memory(self, connection: BaseDatabaseWrapper) -> bool:
-        return connection.is_in_memory_db()
+        return cast("SQLiteWrapper", connection).is_in_memory_db()
 
     def setting_checks(self, alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
         mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")

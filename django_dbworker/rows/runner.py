@@ -83,7 +83,7 @@ def _source(worker: Worker, c: Claim, using: str, check: TransactionCheck | None
     try:
         source = sources.get(worker.source, keys.from_key(worker.source, c.source_key), using,
                              extra, first=check is not None)
-    except worker.source.DoesNotExist:
+    except sources.does_not_exist(worker.source):
         raise _SourceGone from None
     if check is not None:
         check.begin(source)
@@ -108,7 +108,7 @@ def _call(worker: Worker, c: Claim, source: Any) -> Finished | Unfinished:
     return outcome
 
 
-def _run_in_transaction(worker: Worker, c: Claim) -> str:
+def _run_in_transaction(worker: Worker, c: Claim) -> RunOutcome:
     using = conf.get().DATABASE
     connection = connections[using]
     check = TransactionCheck(using)
@@ -132,7 +132,7 @@ def _ended_itself(worker: Worker) -> HandlerTransactionError:
 
 
 def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished,
-            check: TransactionCheck | None = None) -> str:
+            check: TransactionCheck | None = None) -> RunOutcome:
     """Have the store write the outcome (``store.record``, guarded by the claim's token);
     raise LeaseLost if the claim is not ours, HandlerTransactionError if a transactional
     handler (``check``) ended its transaction itself."""
@@ -165,7 +165,7 @@ def _final(worker: Worker, check: TransactionCheck | None) -> bool:
             and not any(w.name != worker.name for w in workers.for_model(worker.source)))
 
 
-def _run_then_record(worker: Worker, c: Claim) -> str:
+def _run_then_record(worker: Worker, c: Claim) -> RunOutcome:
     using = conf.get().DATABASE
     outcome = _call(worker, c, _source(worker, c, using))
     with transaction.atomic(using=using):
@@ -192,7 +192,8 @@ def _record_failure(c: Claim, exc: BaseException, started: float) -> Result:
     connection = connections[using]
     if connection.connection is not None and not connection.in_atomic_block:
         try:
-            connection.is_usable() or connection.close()
+            if not connection.is_usable():
+                connection.close()
         except DatabaseError:
             connection.close()
     info = FailureInfo.caught(exc)
@@ -205,7 +206,7 @@ def _record_failure(c: Claim, exc: BaseException, started: float) -> Result:
                    level=logging.ERROR)
 
 
-def _result(c: Claim, outcome: str, started: float, error: str = "",
+def _result(c: Claim, outcome: RunOutcome, started: float, error: str = "",
             level: int = logging.INFO) -> Result:
     seconds = time.monotonic() - started
     log_event(level, outcome, worker=c.worker, execution=c.execution_id,

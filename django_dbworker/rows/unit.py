@@ -16,7 +16,7 @@ from ..logs import log_event
 if TYPE_CHECKING:
     import uuid
 
-    from ..outcomes import Result
+    from ..outcomes import Result, RunOutcome
     from ..tasks.completions import Kept
     from .store import Claim, Claimant, FailureInfo
 
@@ -68,7 +68,7 @@ class RowUnit:
 
         return run(self._claim())
 
-    def result(self, outcome: str, seconds: float, error: str = "") -> Result:
+    def result(self, outcome: RunOutcome, seconds: float, error: str = "") -> Result:
         from ..outcomes import Result
 
         return Result(self.execution_id, self.worker, outcome, seconds, error)

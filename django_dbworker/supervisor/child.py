@@ -18,6 +18,7 @@ from .. import conf
 from ..db import engine
 from ..db.connections import connected, own_process
 from ..logs import log_event
+from ..outcomes import RunOutcome
 from ..rows.store import safe_message
 from ..tasks.completions import Completions, Kept
 from . import units
@@ -109,7 +110,7 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
         else:
             report.append((seq, "unrecordable", info, safe_message(again)))
         return
-    outcome = "failed" if recorded else "lease_lost"
+    outcome = RunOutcome.FAILED if recorded else RunOutcome.LEASE_LOST
     report.append((seq, "result", claim.result(
         outcome, time.monotonic() - started, f"{info.exception_class}: {info.message}")))
 
@@ -149,7 +150,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                 log_event(logging.ERROR, "after_record_failed", **units.describe(kept.claim),
                           error=f"{type(exc).__name__}: {safe_message(exc)}"[:1000])
                 report.append((kept.tag, "result", kept.claim.result(
-                    "successful" if outcome else "lease_lost", 0.0)))
+                    RunOutcome.SUCCESSFUL if outcome else RunOutcome.LEASE_LOST, 0.0)))
 
     try:
         while True:

@@ -26,7 +26,7 @@ from ..tasks import store as taskstore
 from ..tasks.unit import TASKS
 
 if TYPE_CHECKING:
-    from ..outcomes import Result
+    from ..outcomes import Result, RunOutcome
     from ..tasks.completions import Kept
 
 
@@ -73,7 +73,7 @@ class Unit(Protocol):
         task whose success went to ``keep`` to be recorded later (``completions``)."""
         ...
 
-    def result(self, outcome: str, seconds: float, error: str = "") -> Result:
+    def result(self, outcome: RunOutcome, seconds: float, error: str = "") -> Result:
         """The ``Result`` that reports ``outcome`` of it (recorded elsewhere)."""
         ...
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections
 from django.tasks import TaskContext, TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
@@ -203,7 +204,10 @@ def _callback(task: Any, name: str, c: TaskClaim, value: Any) -> None:
     try:
         if isinstance(callback, str):
             callback = import_string(callback)
-        callback(to_result(taskstore.get(c.task_id), task.backend, task), value)
+        record = taskstore.get(c.task_id)
+        if record is None:  # deleted meanwhile
+            raise TaskResultDoesNotExist(str(c.task_id))
+        callback(to_result(record, task.backend, task), value)
     except Exception as exc:
         log_event(logging.ERROR, "callback_failed", task=c.task_path, id=c.task_id,
                   callback=name, error=f"{type(exc).__name__}: {safe_message(exc)}")
@@ -247,7 +251,7 @@ def _reset_connection() -> None:
         connection.close()
 
 
-def _result(c: TaskClaim, outcome: str, started: float, error: str = "",
+def _result(c: TaskClaim, outcome: RunOutcome, started: float, error: str = "",
             level: int = logging.INFO, ran: float | None = None, **extra: Any) -> Result:
     """Log the outcome and say it; ``ran``: seconds the task ran, if it is not ``started``
     until now (a success recorded later with others)."""

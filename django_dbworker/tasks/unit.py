@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard, cast
 if TYPE_CHECKING:
     import uuid
 
-    from ..outcomes import Result
+    from ..outcomes import Result, RunOutcome
     from ..rows.store import Claimant, FailureInfo
     from ..supervisor.units import Unit
     from .completions import Kept
@@ -69,7 +69,7 @@ class TaskUnit:
 
         return run_task(self._claim(), keep)
 
-    def result(self, outcome: str, seconds: float, error: str = "") -> Result:
+    def result(self, outcome: RunOutcome, seconds: float, error: str = "") -> Result:
         from ..outcomes import Result
 
         return Result(self.unit_id, self.task_path, outcome, seconds, error)
