@@ -7,18 +7,29 @@ keys we write from Python (UUIDs are hex on SQLite, hyphenated on PostgreSQL).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, models
 from django.db.models.functions import Cast
 
 
-def pk_field(model: type[models.Model]) -> models.Field:
+def pk_field(model: type[models.Model]) -> models.Field[Any, Any]:
     """The concrete column behind the model's primary key (follows parent links)."""
     field = model._meta.pk
     while field is not None and field.is_relation:
-        field = field.target_field
+        field = cast("models.ForeignKey[Any, Any]", field).target_field  # a parent link
     return field
+
+
+def column_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    """``model._meta.get_field(name)`` for one of the model's own columns (django-stubs
+    also allows a reverse relation there, which our names never are)."""
+    return cast("models.Field[Any, Any]", model._meta.get_field(name))
+
+
+def column_name(model: type[models.Model], name: str) -> str:
+    """The database column of the model's own field ``name`` (never None for a column)."""
+    return cast(str, column_field(model, name).column)
 
 
 def has_integer_pk(model: type[models.Model]) -> bool:

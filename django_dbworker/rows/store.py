@@ -23,13 +23,14 @@ any reaper took the unit back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import traceback as tb
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models import Case, F, Q, Value, When
@@ -170,7 +171,7 @@ def _alias() -> str:
 
 
 def _prep(name: str, value: Any, using: str) -> Any:
-    return Execution._meta.get_field(name).get_db_prep_save(value, connections[using])
+    return keys.column_field(Execution, name).get_db_prep_save(value, connections[using])
 
 
 def claim_parts(
@@ -198,7 +199,7 @@ def claim_parts(
     inner_sql, inner_params = compiled.sql_with_now(
         ("execution", worker.name, limit), worker, build, now, using,
         cacheable=worker.static_eligible)
-    field = Execution._meta.get_field
+    field = functools.partial(keys.column_field, Execution)
     return EngineClaim(
         table=connection.ops.quote_name(Execution._meta.db_table),
         sets=("state = %s, token = %s, supervisor_id = %s, claimed_host = %s, "
@@ -287,7 +288,7 @@ def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[
     sql = _completion_sql.get(key)
     if sql is None:
         sql = _completion_sql[key] = _completion_statement(connection, live, finished) + tail
-    field = Execution._meta.get_field
+    field = functools.partial(keys.column_field, Execution)
     at = field("finished_at").get_db_prep_save(now, connection)  # once: two columns use it
     params = [at]
     if not finished:
@@ -309,7 +310,7 @@ def _completion_statement(connection: Any, live: bool, finished: bool) -> str:
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
-        return quote(Execution._meta.get_field(name).column)
+        return quote(keys.column_name(Execution, name))
 
     def state(value: str) -> str:
         if not value.isalpha():  # only our State names come here
@@ -504,8 +505,8 @@ def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> i
     now = timezone.now()
     rows = Execution.objects.using(using).working().filter(
         supervisor_id=claimant.supervisor_id).values_list("id", "attempts", "token")
-    return sum(release(Claim(execution_id, "", "", token, attempt, now), crashed=None,
-                       max_crashes=1)
+    return sum(release(Claim(execution_id, "", "", cast(uuid.UUID, token), attempt, now),
+                       crashed=None, max_crashes=1)  # WORKING: it has a token
                for execution_id, attempt, token in list(rows)
                if (execution_id, token) not in held)
 

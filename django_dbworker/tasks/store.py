@@ -21,20 +21,22 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Case, F, Func, JSONField, When
+from django.db.models import Case, F, Func, JSONField, QuerySet, When
 from django.utils import timezone
 
 from .. import conf
 from ..db import compiled, engine, engine_for, notify, sources
 from ..db.engine import Claim as EngineClaim
 from ..models import TASK_CLAIMABLE, TaskRecord, TaskStatus, Transition
+from ..rows import keys
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
 from . import enqueue as newtasks
 from .unit import TaskUnit
@@ -92,7 +94,7 @@ def _alias() -> str:
 
 
 def _prep(name: str, value: Any, using: str) -> Any:
-    return TaskRecord._meta.get_field(name).get_db_prep_save(value, connections[using])
+    return keys.column_field(TaskRecord, name).get_db_prep_save(value, connections[using])
 
 
 # ----- enqueue ------------------------------------------------------------------------
@@ -172,7 +174,7 @@ def claim(
     exclude = tuple(exclude_paths)
 
     def build(at: datetime) -> Any:
-        inner = TaskRecord.objects.using(using).ready(at)
+        inner: QuerySet[TaskRecord, Any] = TaskRecord.objects.using(using).ready(at)
         if queues is not None:
             inner = inner.filter(queue_name__in=queues)
         if only_path is not None:
@@ -263,10 +265,10 @@ def succeed_many(done: Sequence[tuple[TaskClaim, Any, datetime]]) -> set[uuid.UU
     if not done:
         return set()
     connection = connections[_alias()]
-    field = TaskRecord._meta.get_field
+    field = functools.partial(keys.column_field, TaskRecord)
     quote = connection.ops.quote_name
     table = quote(TaskRecord._meta.db_table)
-    column = {name: quote(field(name).column) for name in
+    column = {name: quote(keys.column_name(TaskRecord, name)) for name in
               ("id", "token", "status", "return_value", "finished_at", "lease_expires_at")}
     (with_values, before), (values, within) = _new_values(connection, done)
     (from_status,) = TRANSITIONS["finish"]
@@ -291,7 +293,7 @@ def _new_values(connection: Any, done: Sequence[tuple[TaskClaim, Any, datetime]]
                 ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
     """``succeed_many``'s rows ``v(id, token, return_value, finished_at)``: a WITH clause
     and what to select them FROM, each with its parameters (``Engine.values_source``)."""
-    field = TaskRecord._meta.get_field
+    field = functools.partial(keys.column_field, TaskRecord)
     columns = [field(name) for name in ("id", "token", "return_value", "finished_at")]
     return engine_for(connection).values_source(
         connection, columns, [(c.task_id, c.token, value, at) for c, value, at in done])
@@ -409,7 +411,8 @@ def reap(max_crashes: int, spare: Claimant | None = None) -> int:
         "(process killed, paused or cut off from the database)",
     )
     return sum(
-        release(TaskClaim(pk, path, token, attempt, now, now), crashed=info,
+        # A RUNNING task has a token (nullable only for the other statuses).
+        release(TaskClaim(pk, path, cast(uuid.UUID, token), attempt, now, now), crashed=info,
                 max_crashes=max_crashes)
         for pk, path, attempt, token in rows
     )
@@ -423,8 +426,8 @@ def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> i
     rows = TaskRecord.objects.using(using).running().filter(
         supervisor_id=claimant.supervisor_id
     ).values_list("pk", "task_path", "attempts", "token")
-    return sum(release(TaskClaim(pk, path, token, attempt, now, now), crashed=None,
-                       max_crashes=1)
+    return sum(release(TaskClaim(pk, path, cast(uuid.UUID, token), attempt, now, now),
+                       crashed=None, max_crashes=1)  # RUNNING: it has a token
                for pk, path, attempt, token in list(rows) if (pk, token) not in held)
 
 
