@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, models
 from django.db.models import F, QuerySet
@@ -100,7 +100,7 @@ def new_execution_sql(worker: Worker) -> tuple[tuple[str, ...], tuple[str, ...]]
     for field in Execution._meta.concrete_fields:
         if field.primary_key or (field.null and field.name not in special):
             continue
-        columns.append(field.column)
+        columns.append(cast(str, field.column))  # a concrete field has a column
         values.append(special.get(field.name) or sql_literal(field.get_default()))
     return tuple(columns), tuple(values)
 

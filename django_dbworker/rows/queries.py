@@ -62,15 +62,17 @@ def _ordering(eligible: QuerySet[Any]) -> list[Any]:
     query = eligible.query
     if query.order_by:
         return list(query.order_by)
-    if query.default_ordering and query.get_meta().ordering:
-        return list(query.get_meta().ordering)
+    meta_ordering = query.get_meta().ordering
+    if query.default_ordering and meta_ordering:
+        return list(meta_ordering)
     return ["pk"]
 
 
 def _pk_direction(item: Any, model: Any) -> str | None:
     """'asc'/'desc' when ``item`` orders by the primary key, else None."""
     if isinstance(item, OrderBy) and isinstance(item.expression, F):
-        name, desc = item.expression.name, item.descending
+        # F.name: Django sets it in F.__init__; django-stubs do not declare it.
+        name, desc = item.expression.name, item.descending  # type: ignore[attr-defined]
     elif isinstance(item, str):
         name, desc = item.removeprefix("-"), item.startswith("-")
     else:
@@ -87,6 +89,8 @@ def _order(
         raise ValueError(f"Worker {worker.name!r}: eligible may not be ordered randomly.")
     by_row = eligible.order_by().filter(pk=pk_of_unit)
     order_by: list[Any] = []
+    nulls_first: bool | None
+    nulls_last: bool | None
     for i, item in enumerate(ordering):
         direction = _pk_direction(item, worker.source)
         if direction is not None:

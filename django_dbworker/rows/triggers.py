@@ -14,11 +14,12 @@ installed triggers *stale*. They are not migrations: they depend on the register
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from django.conf import settings
 from django.db import NotSupportedError, connections, models, router, transaction
@@ -83,13 +84,19 @@ def _alias(using: str | None) -> str:
     return alias
 
 
-def _source_table(worker: Worker, using: str) -> tuple[str, models.Field]:
+def _concrete(worker: Worker) -> type[models.Model]:
+    """The concrete model of the worker's source (which ``registry`` checked is concrete:
+    django-stubs types ``concrete_model`` as optional)."""
+    return cast("type[models.Model]", worker.source._meta.concrete_model)
+
+
+def _source_table(worker: Worker, using: str) -> tuple[str, models.Field[Any, Any]]:
     """The table a worker's triggers go on and its primary key column; refused where a
     trigger cannot make the worker's executions."""
     if not NAME_RE.match(worker.name):
         raise TriggerUnavailable(f"Worker {worker.name!r}: its name is not a valid worker "
                                  "name, so it cannot be written into a trigger.")
-    model = worker.source._meta.concrete_model
+    model = _concrete(worker)
     written_to = router.db_for_write(model)
     if written_to != using:
         raise TriggerUnavailable(
@@ -108,14 +115,14 @@ def _describe(worker: Worker, using: str, mark: str) -> RowTriggers:
     q = connection.ops.quote_name
     columns, values = new_execution_sql(worker)
     insert_name, delete_name = trigger_names(worker.name)
-    field = Execution._meta.get_field
+    column = functools.partial(keys.column_name, Execution)
     return RowTriggers(
-        table=table, pk=pk.column, integer_pk=keys.has_integer_pk(worker.source),
+        table=table, pk=cast(str, pk.column), integer_pk=keys.has_integer_pk(worker.source),
         executions=Execution._meta.db_table, columns=columns, values=values,
-        key_column=field("source_id").column,
-        mine=f"{q(field('worker').column)} = {sql_literal(worker.name)}",
-        deletable=f"{q(field('state').column)} <> {sql_literal(str(State.WORKING))}",
-        dependents=tuple((r.related_model._meta.db_table, r.field.column)
+        key_column=column("source_id"),
+        mine=f"{q(column('worker'))} = {sql_literal(worker.name)}",
+        deletable=f"{q(column('state'))} <> {sql_literal(str(State.WORKING))}",
+        dependents=tuple((r.related_model._meta.db_table, cast(str, r.field.column))
                          for r in Execution._meta.related_objects),
         insert_name=insert_name, delete_name=delete_name,
         insert_mark=mark.format(event="insert"), delete_mark=mark.format(event="delete"),
@@ -316,7 +323,7 @@ def _catch_up(worker: Worker, using: str, now: Any) -> None:
     """What the triggers would have done for the rows written before them: a PENDING
     execution for each row without one, no execution of a row that is gone (except a
     running one)."""
-    model = worker.source._meta.concrete_model
+    model = _concrete(worker)
     connection = connections[using]
     executions = Execution.objects.using(using).filter(worker=worker.name)
     has_unit = executions.filter(source_id=keys.key_expression(OuterRef("pk")))
@@ -328,7 +335,7 @@ def _catch_up(worker: Worker, using: str, now: Any) -> None:
     key = "CAST(m.dbworker_pk AS TEXT)"
     sort = "m.dbworker_pk" if keys.has_integer_pk(worker.source) else "NULL"
     select = ", ".join(v.format(key=key, sort_key=sort, now="%s") for v in values)
-    stamp = Execution._meta.get_field("created_at").get_db_prep_save(now, connection)
+    stamp = keys.column_field(Execution, "created_at").get_db_prep_save(now, connection)
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {q(Execution._meta.db_table)} ({', '.join(q(c) for c in columns)}) "
