@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from inspect import isclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.conf import settings
@@ -27,6 +27,9 @@ from . import conf
 from .exceptions import InvalidTaskArguments
 from .tasks import registry as task_registry
 from .tasks.rates import parse_rate
+
+if TYPE_CHECKING:
+    from .tasks.results import DBWorkerTaskResult
 
 #: A retry delay grows at most by this factor per attempt (``delay * factor ** n`` is a float:
 #: the retry delay is capped by ``retry_max_delay``, and this keeps the power finite).
@@ -83,20 +86,22 @@ class DBWorkerTask(Task):
         idempotency_key: str | None = None,
         enqueue_on_commit: bool | None = None,
     ) -> DBWorkerTask:
-        changes: dict[str, Any] = {}
-        if idempotency_key is not None:
-            changes["idempotency_key"] = idempotency_key
-        if enqueue_on_commit is not None:
-            changes["enqueue_on_commit"] = enqueue_on_commit
-        base = Task.using(self, priority=priority, queue_name=queue_name,
-                          run_after=run_after, backend=backend)
-        return replace(base, **changes) if changes else base  # type: ignore[return-value]
+        # As Task.using does, with our options, in one replace(); run_after may also be a
+        # timedelta here (validate_task), which Task's own annotation does not allow.
+        given: dict[str, Any] = {
+            "priority": priority, "queue_name": queue_name, "run_after": run_after,
+            "backend": backend, "idempotency_key": idempotency_key,
+            "enqueue_on_commit": enqueue_on_commit,
+        }
+        return replace(self, **{name: v for name, v in given.items() if v is not None})
 
     def enqueue_many(
         self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
-    ) -> list[TaskResult]:
+    ) -> list[DBWorkerTaskResult]:
         """Enqueue one call per ``(args, kwargs)`` in one transaction; results in order."""
-        return self.get_backend().enqueue_many(self, calls)
+        # Our backend's task_class; another backend has no enqueue_many (AttributeError).
+        backend = cast(DBWorkerBackend, self.get_backend())
+        return backend.enqueue_many(self, calls)
 
     @property
     def timeout_seconds(self) -> float | None:
@@ -196,7 +201,7 @@ class DBWorkerBackend(BaseTaskBackend):
 
     def enqueue_many(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
-    ) -> list[TaskResult]:
+    ) -> list[DBWorkerTaskResult]:
         from .tasks import enqueue as newtasks
         from .tasks import store as taskstore
         from .tasks.results import new_results
@@ -220,7 +225,7 @@ class DBWorkerBackend(BaseTaskBackend):
         if key is None and not on_commit:
             # Batch by batch: on PostgreSQL the server stores a batch while the next is
             # built (taskstore.insert_batches), and its results are made meanwhile.
-            results: list[TaskResult] = []
+            results: list[DBWorkerTaskResult] = []
 
             def batches() -> Iterator[tuple[list[newtasks.NewTask], str]]:
                 for start in range(0, len(calls), newtasks.BATCH):
@@ -258,25 +263,27 @@ class DBWorkerBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         return self.result(row)
 
-    def result(self, row: Any, task: Task | None = None) -> TaskResult:
+    def result(self, row: Any, task: Task | None = None) -> DBWorkerTaskResult:
         from .tasks.results import to_result
 
         return to_result(row, self.alias, task)
 
-    def check(self, **kwargs: Any) -> Iterable[CheckMessage]:
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        errors: list[CheckMessage] = []
         if not apps.is_installed("django_dbworker"):
-            yield Error(
+            errors.append(Error(
                 f"Task backend {self.alias!r} is DBWorkerBackend, but 'django_dbworker' is not "
                 "in INSTALLED_APPS.",
                 hint="Add 'django_dbworker' to INSTALLED_APPS and run migrate.",
                 id="django_dbworker.E010",
-            )
+            ))
         if self.options_error:
-            yield Error(
+            errors.append(Error(
                 self.options_error,
                 hint=f"Known OPTIONS: {', '.join(sorted(BACKEND_OPTIONS))}.",
                 id="django_dbworker.E011",
-            )
+            ))
+        return errors
 
 
 def _options_error(alias: str, options: Any) -> str | None:
@@ -300,7 +307,7 @@ def _inserted(stored: Any, new: Any) -> bool:
     return str(stored.pk) == new.pk and stored.enqueued_at == new.enqueued_at
 
 
-def send_enqueued(sender: type, results: list[TaskResult]) -> None:
+def send_enqueued(sender: type, results: Sequence[TaskResult]) -> None:
     """``task_enqueued.send(sender, task_result=result)`` for each result, in order, with
     the receivers looked up once for all of them.
 
@@ -316,7 +323,9 @@ def send_enqueued(sender: type, results: list[TaskResult]) -> None:
     connected = list(signal.receivers)
     receivers = _sync_receivers(signal, sender, connected)
     for i, result in enumerate(results):
-        if receivers is None or signal.receivers != connected or signal._dead_receivers:
+        if (receivers is None or signal.receivers != connected
+                # Signal._dead_receivers: Django's, not declared by django-stubs.
+                or signal._dead_receivers):  # type: ignore[attr-defined]
             for rest in results[i:]:
                 signal.send(sender, task_result=rest)
             return
@@ -330,7 +339,8 @@ def _sync_receivers(signal: Any, sender: type,
     """The receivers ``signal.send(sender)`` calls, as ``(receiver or weak reference,
     is weak)``, or None if one is async or the signal's bookkeeping is not as expected
     (``Signal._live_receivers``, Django 5.0+): then ``send`` does it all."""
-    from django.dispatch.dispatcher import NONE_ID, _make_id
+    # _make_id: Django's, not declared by django-stubs.
+    from django.dispatch.dispatcher import NONE_ID, _make_id  # type: ignore[attr-defined]
 
     found = []
     try:

@@ -25,8 +25,9 @@ DJANGO_STATUS = {
 OUR_ATTRS = ("dbworker_status", "progress", "progress_message", "idempotency_key")
 
 
+# Django's TaskResult is a frozen dataclass; django-stubs 6.1.2 declare it without frozen=True.
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DBWorkerTaskResult(TaskResult):
+class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
     """A TaskResult that also carries our own status (RETRYING, CANCELLED) and progress."""
 
     dbworker_status: TaskStatus = TaskStatus.READY
