@@ -59,11 +59,11 @@ class Transition(frozenset[str]):
 class StateConstant(Value):
     """One of our own state names, written into the SQL text instead of bound."""
 
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         value = str(self.value)
         if not value.isalpha():  # only our State names ever come here; never quote input
             raise ValueError(f"not a state name: {value!r}")
-        return f"'{value}'", []
+        return f"'{value}'", ()  # no parameters; a tuple, as Value.as_sql's
 
 
 def in_states(states: Iterable[str], field: str = "state") -> Q:

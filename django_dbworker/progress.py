@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -61,7 +62,8 @@ def set_progress(percent: float, message: str | None = None) -> bool:
     using = conf.get().DATABASE
     main = connections[using]
     model = TaskRecord if unit.kind == "task" else Execution
-    key = unit.id if unit.kind == "task" else int(unit.id)
+    # A task's id is a UUID's text, an execution's an int: mypy cannot pair it with model.
+    key: Any = unit.id if unit.kind == "task" else int(unit.id)
     unit.percent, unit.message = float(percent), text
     if main.in_atomic_block and engine_for(main).progress_in_handler_transaction:
         model.objects.using(using).filter(pk=key).update(progress=percent,

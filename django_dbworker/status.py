@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import Exists, OuterRef
+from django.db.models.functions import Cast
 
 from . import conf
 from .models import Execution, ExecutionStatus, State, no_execution
@@ -62,6 +63,7 @@ def has_execution_status(
     w = _worker(worker)
     if source_id is None:
         source_id = OuterRef("pk")
+    key: Cast | str
     if hasattr(source_id, "resolve_expression"):
         key = keys.key_expression(source_id)
     else:

@@ -106,5 +106,6 @@ def _status_now(unit: dict[str, Any], using: str) -> str | None:
     if "task" in unit:
         return TaskRecord.objects.using(using).filter(pk=unit["id"]).values_list(
             "status", flat=True).first()
-    return Execution.objects.using(using).filter(pk=unit.get("execution")).values_list(
+    execution: Any = unit.get("execution")  # None (no such row) if missing
+    return Execution.objects.using(using).filter(pk=execution).values_list(
         "state", flat=True).first()

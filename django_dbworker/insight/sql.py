@@ -14,6 +14,9 @@ class LastErrorClass(Func):
 
     output_field = CharField()
 
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
+    def as_sql(self, compiler: Any, connection: Any, function: str | None = None,
+               template: str | None = None, arg_joiner: str | None = None,
+               **extra_context: Any) -> tuple[str, Any]:
         template = engine_for(connection).json_last("exception_class_path")
-        return super().as_sql(compiler, connection, template=template, **extra)
+        return super().as_sql(compiler, connection, function=function, template=template,
+                              arg_joiner=arg_joiner, **extra_context)

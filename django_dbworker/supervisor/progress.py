@@ -17,7 +17,7 @@ class Progress:
         self.counts: Counter[str] = Counter()
         self.started = time.monotonic()
         self._shown_at = 0.0
-        self._shown: tuple[int, ...] = ()
+        self._shown: tuple[tuple[str, int], ...] = ()  # sorted counts last shown
 
     def add(self, outcome: str) -> None:
         self.counts[outcome] += 1
