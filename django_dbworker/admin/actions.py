@@ -109,8 +109,10 @@ class GuardedActions:
     def _log(self, request: HttpRequest, model: Any, pks: list[Any], change: Change) -> None:
         if not pks:
             return
+        user_id = request.user.pk
+        assert user_id is not None, "the admin serves logged-in staff only"
         LogEntry.objects.log_actions(
-            user_id=request.user.pk,
+            user_id=user_id,
             queryset=model._default_manager.filter(pk__in=pks[:LISTED * 10]),
             action_flag=CHANGE,
             change_message=f"{change.verb} ({change.name})",

@@ -42,8 +42,8 @@ class FailureInline(admin.StackedInline):
     model = Failure
     extra = 0
     can_delete = False
-    fields = ["attempt", "occurred_at", "exception_class", "message_display",
-              "traceback_display"]
+    fields = ("attempt", "occurred_at", "exception_class", "message_display",
+              "traceback_display")
     readonly_fields = fields
     ordering = ["-id"]
     verbose_name = "failed attempt"
@@ -131,11 +131,13 @@ class ExecutionAdmin(GuardedActions, QueueTableAdmin):
 
     @admin.display(description="error")
     def error(self, obj: Execution) -> SafeString | str:
-        if obj.state != State.FAILED or not getattr(obj, "last_error_class", None):
+        # Annotated by get_queryset; not model fields.
+        error_class = getattr(obj, "last_error_class", None)
+        if obj.state != State.FAILED or not error_class:
             return display.EMPTY
-        message = (obj.last_error_message or "").splitlines()[0:1]
+        message = (getattr(obj, "last_error_message", None) or "").splitlines()[0:1]
         return format_html('<span class="dbw-error" title="{}">{}: {}</span>',
-                           obj.last_error_class, display.short_class(obj.last_error_class),
+                           error_class, display.short_class(error_class),
                            (message[0] if message else "")[:120])
 
     @admin.display(description="tries", ordering="attempts")

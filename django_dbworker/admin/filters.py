@@ -20,8 +20,8 @@ class WorkerFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         names = set(workers)
-        if self.value():
-            names.add(self.value())
+        if value := self.value():
+            names.add(value)
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:

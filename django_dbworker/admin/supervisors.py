@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..models import Supervisor
+from ..models import Supervisor, SupervisorQuerySet
 from . import display
 from .base import QueueTableAdmin
 
@@ -28,7 +28,9 @@ class StateFilter(admin.SimpleListFilter):
         value = self.value()
         if value in ("alive", "dead"):
             return getattr(queryset, value)()
-        return queryset.stopped() if value == "stopped" else queryset
+        if value == "stopped":
+            return cast(SupervisorQuerySet, queryset).stopped()
+        return queryset
 
 
 @admin.register(Supervisor)
@@ -41,7 +43,8 @@ class SupervisorAdmin(QueueTableAdmin):
                            "heartbeat_expires_at", "stopped_at", "exit_code"]}),
         ("Work", {"fields": ["concurrency", "runs", "burst", "units_done", "running_table"]}),
     ]
-    readonly_fields = [f for _, options in fieldsets for f in options["fields"]]
+    readonly_fields = [f for _, options in fieldsets  # one field a line: all names
+                       for f in cast(list[str], options["fields"])]
     actions = None  # rows are written by supervisors; "dbworker prune" removes old ones
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:

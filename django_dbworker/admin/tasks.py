@@ -4,7 +4,7 @@ actions retry (FAILED or CANCELLED) and cancel (waiting or running)."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.db.models import Q, QuerySet
@@ -69,7 +69,8 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
                               "worker_ids"]}),
         ("Errors", {"fields": ["errors_display"]}),
     ]
-    readonly_fields = [f for _, options in fieldsets for f in options["fields"]]
+    readonly_fields = [f for _, options in fieldsets  # one field a line: all names
+                       for f in cast(list[str], options["fields"])]
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[TaskRecord],
                            search_term: str) -> tuple[QuerySet[TaskRecord], bool]:
