@@ -21,12 +21,12 @@ class QueueTableAdmin(admin.ModelAdmin):
     never by a form: nothing is added, the change permission opens only the list page
     (where the actions are), and rows are read from ``DBWORKER["DATABASE"]``.
 
-    ``busy`` selects the rows a process is running now: "Delete selected" and the delete
+    ``busy_rows`` selects the rows a process is running now: "Delete selected" and the delete
     page leave them alone (the DELETE itself excludes them, so a row that started meanwhile
     is kept too) and say why: ``busy_advice``."""
 
     #: Rows that must not be deleted (RUNNING tasks, WORKING executions).
-    busy: Q | None = None
+    busy_rows: Q | None = None
     #: What to do instead, e.g. "cancel them first".
     busy_advice: str = ""
     #: e.g. "running task(s)".
@@ -60,18 +60,18 @@ class QueueTableAdmin(admin.ModelAdmin):
                              queryset: QuerySet[Any]) -> HttpResponse | None:
         """Django's "Delete selected", for the selected rows that are not running; the
         running ones are named and left alone."""
-        if self.busy is not None:
-            running = queryset.filter(self.busy).count()
+        if self.busy_rows is not None:
+            running = queryset.filter(self.busy_rows).count()
             if running:
                 self._refuse_busy(request, running)
-                queryset = queryset.exclude(self.busy)
+                queryset = queryset.exclude(self.busy_rows)
                 if not queryset.exists():
                     return None
         return delete_selected(self, request, queryset)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        if self.busy is not None:
-            queryset = queryset.exclude(self.busy)  # in the DELETE's own WHERE
+        if self.busy_rows is not None:
+            queryset = queryset.exclude(self.busy_rows)  # in the DELETE's own WHERE
         queryset.delete()
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
@@ -79,10 +79,10 @@ class QueueTableAdmin(admin.ModelAdmin):
 
     def delete_view(self, request: HttpRequest, object_id: str,
                     extra_context: Any = None) -> Any:
-        if self.busy is not None and self.has_delete_permission(request):
+        if self.busy_rows is not None and self.has_delete_permission(request):
             obj = self.get_object(request, object_id)
             if obj is not None and self.get_queryset(request).filter(
-                    self.busy, pk=obj.pk).exists():
+                    self.busy_rows, pk=obj.pk).exists():
                 self._refuse_busy(request, 1)
                 opts = self.model._meta
                 return HttpResponseRedirect(reverse(

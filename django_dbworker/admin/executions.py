@@ -81,7 +81,7 @@ class ExecutionAdmin(GuardedActions, QueueTableAdmin):
     list_per_page = 50
     show_full_result_count = False
     actions = ["retry_failed", "run_again"]
-    busy = Q(state=State.WORKING)
+    busy_rows = Q(state=State.WORKING)
     busy_what = "working execution(s)"
     busy_advice = ("wait until their handler returns (or stop their runworkers), then "
                    "delete them")

@@ -53,7 +53,7 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     list_per_page = 50
     show_full_result_count = False
     actions = ["retry_tasks", "cancel_tasks"]
-    busy = Q(status=TaskStatus.RUNNING)
+    busy_rows = Q(status=TaskStatus.RUNNING)
     busy_what = "running task(s)"
     busy_advice = ("cancel them first (the Cancel action), then delete them once they have "
                    "stopped")
