@@ -152,7 +152,8 @@ class Supervisor:
         while True:
             if self.hard_stop:
                 return self._cut_off("second signal")
-            stopping = self.stop_requested_at is not None
+            requested = self.stop_requested_at  # set once, by a signal
+            stopping = requested is not None
             if stopping:
                 for ch in self.children:  # what waits in a child goes back too
                     self.prefetch.put(ch.take_back(), time.monotonic())
@@ -163,7 +164,7 @@ class Supervisor:
                         ch.ask_to_stop()
             if stopping and not self._busy():
                 return 0
-            if stopping and time.monotonic() - self.stop_requested_at > self.options.grace_period:
+            if requested is not None and time.monotonic() - requested > self.options.grace_period:
                 return self._cut_off("grace period over")
             claimed: int | None = 0
             try:

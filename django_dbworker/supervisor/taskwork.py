@@ -63,9 +63,11 @@ class TaskWork:
         running: dict[uuid.UUID, Child] = {}
         for ch in children:
             unit = ch.running()
-            if unit is None or not is_task(unit[0]):
+            if unit is None:
                 continue
             c, since = unit
+            if not is_task(c):
+                continue
             limit = self.timeouts.get(c.task_path)
             if limit and now - since > limit:
                 self._stop(ch, c, stop, TaskStatus.FAILED, FailureInfo(
@@ -86,12 +88,12 @@ class TaskWork:
                         waiting.remove(c)
                         self._cancel_waiting(c)
             for task_id in cancelled:
-                ch = running.get(task_id)
-                unit = ch.running() if ch is not None else None
-                if ch is None or unit is None or not is_task(unit[0]) \
+                holder = running.get(task_id)
+                unit = holder.running() if holder is not None else None
+                if holder is None or unit is None or not is_task(unit[0]) \
                         or unit[0].task_id != task_id:
                     continue  # it finished meanwhile (its child may run the next one)
-                self._stop(ch, unit[0], stop, TaskStatus.CANCELLED, FailureInfo(
+                self._stop(holder, unit[0], stop, TaskStatus.CANCELLED, FailureInfo(
                     CANCELLED, "the task was cancelled while it ran and its process was "
                     "stopped"))
 

@@ -4,6 +4,7 @@ in ``django_dbworker.cli``. ``--json`` prints one document (docs/cli.md)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -81,6 +82,7 @@ class Command(BaseCommand):
     # ----- reports ----------------------------------------------------------------------
 
     def _report(self, name: str, options: dict[str, Any]) -> None:
+        text: Callable[[dict[str, Any]], str]
         if name == "inspect":
             doc, text = reports.inspect(options["ids"]), render.inspect
         elif name == "stats":
@@ -92,8 +94,9 @@ class Command(BaseCommand):
             doc = reports.failed(options["workers"], options["queues"],
                                  limit=options["limit"], traceback=options["tracebacks"])
 
-            def text(d: dict[str, Any]) -> str:
+            def failed_text(d: dict[str, Any]) -> str:
                 return render.failed(d, options["tracebacks"])
+            text = failed_text
         elif name == "triggers":
             doc = triggers.triggers(options["action"], options["workers"])
             text = render.triggers

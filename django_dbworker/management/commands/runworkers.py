@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.tasks import task_backends
@@ -74,13 +74,14 @@ class Command(BaseCommand):
         self._check_migrations(config.DATABASE)
         log_format = options["log_format"] or config.LOG_FORMAT
         self._configure_logging(options["verbosity"], log_format)
+        # OutputWrapper's own stream (Django's _out, which django-stubs do not declare).
+        stream = cast(TextIO, self.stdout._out)
         supervisor = Supervisor(
             Options(workers=selected, tasks=run_tasks, queues=queues,
                     concurrency=concurrency, burst=options["burst"],
                     max_tasks_per_child=max_tasks, grace_period=grace),
             config,
-            progress=self.stdout._out if options["verbosity"] >= 1 and log_format == "text"
-            else None,
+            progress=stream if options["verbosity"] >= 1 and log_format == "text" else None,
         )
         code = supervisor.run()
         if code:

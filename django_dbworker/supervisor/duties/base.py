@@ -24,8 +24,10 @@ FAILURE_LOG_INTERVAL = 60.0
 
 
 class Duty(Protocol):
-    #: A word for log lines: ``duty_failed duty=<name>``.
-    name: str
+    @property
+    def name(self) -> str:
+        """A word for log lines: ``duty_failed duty=<name>`` (a class attribute will do)."""
+        ...
 
     def due(self, now: float) -> bool: ...
 
