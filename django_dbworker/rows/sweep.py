@@ -242,7 +242,7 @@ class Sweeper:
                     full_ended_at=timezone.now())
             return added
         pks = sorted(rows.filter(pk__gte=first, pk__lt=first + self.batch)
-                     .values_list("pk", flat=True))
+                     .values_list("pk", flat=True)) or [first]  # (deleted meanwhile)
         start, end = self.watermark, pks[-1]
         added = self._add_missing(first - 1, end)
         self._note_gaps(start, pks, now)
@@ -270,8 +270,10 @@ class Sweeper:
                        .values_list("pk", flat=True))
         if not found:
             return 0
+        # The gaps' ranges again, not the keys found: a gap a long transaction filled may
+        # hold more keys than a statement may have parameters.
         missing = (self.worker.eligible_queryset().using(self._using()).order_by()
-                   .filter(pk__in=found).filter(~Probe(self._has_unit())))
+                   .filter(within).filter(~Probe(self._has_unit())))
         added = add_selected(self.worker, missing, self._using())
         self.gaps = [piece for gap in self.gaps for piece in _split(gap, found)]
         return added
