@@ -47,8 +47,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--no-process", action="store_true",
+                        help='DBWORKER["METRICS_PROCESS"] = False')
     args = parser.parse_args()
     setup_test_environment()
+    if args.no_process:
+        from django.conf import settings
+
+        settings.DBWORKER = {**settings.DBWORKER, "METRICS_PROCESS": False}
     name = connection.creation.create_test_db(verbosity=0)
     try:
         fill(args.rows)
