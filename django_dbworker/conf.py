@@ -82,6 +82,9 @@ class Config:
     HEALTH_MAX_LAG: float | None = 300.0
     #: ...or when fewer supervisors than this are alive.
     HEALTH_MIN_SUPERVISORS: int = 1
+    #: The metrics view adds prometheus_client's process_*, python_info and python_gc_*
+    #: metrics, which describe the web process serving the scrape (not the workers).
+    METRICS_PROCESS: bool = True
 
 
 _NUMBERS = (int, float)
@@ -148,7 +151,7 @@ def _check(key: str, value: Any) -> None:
         except ValueError as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from None
         return
-    if key in ("NOTIFY", "ASYNC_COMMIT", "PREPARED_STATEMENTS"):
+    if key in ("NOTIFY", "ASYNC_COMMIT", "PREPARED_STATEMENTS", "METRICS_PROCESS"):
         if not isinstance(value, bool):
             raise ImproperlyConfigured(f"{where} is {value!r}; it must be True or False.")
         return

@@ -47,9 +47,11 @@ def health(request: HttpRequest) -> JsonResponse:
 @never_cache
 @require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
-    """The Prometheus text; 503 with a short text body when the database is down."""
+    """The Prometheus text (with this process' metrics unless
+    ``DBWORKER["METRICS_PROCESS"]`` is False); 503 with a short text body when the database
+    is down."""
     try:
-        text = prometheus.render()
+        text = prometheus.render(process=conf.get().METRICS_PROCESS)
     except DatabaseError as exc:
         _database_error("metrics_database_error", exc)
         return HttpResponse("database unavailable (see the django_dbworker log)\n",

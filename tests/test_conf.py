@@ -20,7 +20,7 @@ def test_defaults():
         config = conf.load()
     assert config.LEASE_SECONDS == 30.0 and config.MAX_CRASHES == 3
     assert config.DATABASE == "default" and config.MAX_TASKS_PER_CHILD is None
-    assert config.PREFETCH == 32
+    assert config.PREFETCH == 32 and config.METRICS_PROCESS is True
     assert config.SWEEP_INTERVAL == 2.0 and config.FULL_SWEEP_INTERVAL == 3600.0
     with override_settings(DBWORKER={"FULL_SWEEP_INTERVAL": None}):
         assert conf.load().FULL_SWEEP_INTERVAL is None  # only the first full pass
@@ -41,6 +41,7 @@ def test_defaults():
         ({"ASYNC_COMMIT": "no"}, r"ASYNC_COMMIT'\] is 'no'; it must be True or False"),
         ({"PREPARED_STATEMENTS": 1},
          r"PREPARED_STATEMENTS'\] is 1; it must be True or False"),
+        ({"METRICS_PROCESS": "off"}, r"METRICS_PROCESS'\] is 'off'; it must be True or False"),
         ({"DATABASE": "other"}, r"DATABASE'\] is 'other'; it must name a database"),
         ({"LEASE": 3}, r"unknown keys 'LEASE'; known keys are .*LEASE_SECONDS"),
         ([("LEASE_SECONDS", 3)], r"DBWORKER must be a dict, not list"),

@@ -4,6 +4,7 @@ views, and the supervisor's heartbeat row."""
 import json
 import logging
 import signal
+import sys
 import uuid
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from django.db.migrations.recorder import MigrationRecorder
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 
 from django_dbworker import conf
 from django_dbworker.checks import check_migrations, check_workers
@@ -189,12 +191,66 @@ def test_metrics_in_prometheus_text_format(client):
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     text = response.content.decode()
     assert "# TYPE dbworker_executions gauge" in text
-    assert 'dbworker_executions{worker="touch",status="failed"} 1' in text
-    assert 'dbworker_tasks{queue="default",status="successful"} 1' in text
-    assert 'dbworker_completed{worker="touch",window="15m"} 1' in text
-    assert 'dbworker_failed{worker="touch",exception_class="builtins.ValueError"} 1' in text
-    assert 'dbworker_supervisors{state="alive"} 1' in text
-    assert 'dbworker_duration_seconds{queue="default",stat="avg"}' in text
+    # prometheus_client writes labels sorted by name and values as floats ("1.0"): compare
+    # the parsed samples, not the lines.
+    values = samples(text)
+    assert values["dbworker_executions", ("status", "failed"), ("worker", "touch")] == 1
+    assert values["dbworker_tasks", ("queue", "default"), ("status", "successful")] == 1
+    assert values["dbworker_completed", ("window", "15m"), ("worker", "touch")] == 1
+    assert values["dbworker_failed", ("exception_class", "builtins.ValueError"),
+                  ("worker", "touch")] == 1
+    assert values["dbworker_supervisors", ("state", "alive")] == 1
+    assert ("dbworker_duration_seconds", ("queue", "default"), ("stat", "avg")) in values
+
+
+def samples(text):
+    """{(name, *sorted label pairs): value} of every sample of a Prometheus text."""
+    return {(s.name, *sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+METRIC_HELP = {
+    "dbworker_executions": "Executions by worker and status (pending: not claimed yet).",
+    "dbworker_tasks": "Tasks by queue and status.",
+    "dbworker_lag_seconds": "Seconds the oldest due waiting unit has waited (0: none).",
+    "dbworker_completed": "Units completed in the last window (1m, 5m, 15m).",
+    "dbworker_duration_seconds": "Run time of units completed in the last 15 minutes.",
+    "dbworker_failed": "Units FAILED for good, by their last exception class.",
+    "dbworker_supervisors": "Supervisors seen in the last day, by state.",
+}
+
+
+@pytest.mark.django_db
+def test_metrics_families_parse_with_their_names_types_and_help(client):
+    Item.objects.create(action="raise")
+    tasks.add.enqueue(1, 1)
+    run_until_idle()
+    response = client.get(reverse("django_dbworker:metrics"))
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert response["Cache-Control"] == "max-age=0, no-cache, no-store, must-revalidate, private"
+    parsed = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+    for name, help_text in METRIC_HELP.items():  # every family, with or without samples
+        assert parsed[name].type == "gauge" and parsed[name].documentation == help_text
+    labels = {name: {frozenset(s.labels) for s in parsed[name].samples} for name in METRIC_HELP}
+    assert labels["dbworker_executions"] == {frozenset({"worker", "status"})}
+    assert frozenset({"queue", "status"}) in labels["dbworker_tasks"]
+    assert labels["dbworker_lag_seconds"] >= {frozenset({"worker"}), frozenset({"queue"})}
+    assert labels["dbworker_supervisors"] == {frozenset({"state"})}
+
+
+@pytest.mark.django_db
+def test_metrics_carry_the_serving_process_unless_turned_off(client):
+    url = reverse("django_dbworker:metrics")
+    names = {f.name for f in text_string_to_metric_families(client.get(url).content.decode())}
+    assert {"python_info", "python_gc_objects_collected", "python_gc_collections"} <= names
+    if sys.platform == "linux":  # the library reads /proc
+        assert {"process_cpu_seconds", "process_resident_memory_bytes"} <= names
+    with override_settings(DBWORKER={"METRICS_PROCESS": False}):
+        text = client.get(url).content.decode()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert names == set(METRIC_HELP)
+    assert "process_" not in text and "python_" not in text
 
 
 # ----- the supervisor's heartbeat ------------------------------------------------------------

@@ -1,22 +1,32 @@
-"""The snapshot in Prometheus' text exposition format (version 0.0.4); no client needed."""
+"""The snapshot as Prometheus metrics, through ``prometheus_client``.
+
+``SnapshotCollector`` reads the database on every scrape (one ``take()``) and yields one
+gauge family per name in ``FAMILIES``; ``registry()`` is a registry of our own (never the
+library's global one), with the library's process, platform and gc collectors beside it
+unless ``process=False``. ``render()`` writes the text format (version 0.0.4, the format
+``generate_latest`` writes) and raises DatabaseError before writing anything when the
+database cannot be read."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.registry import Collector
 
 from .snapshot import Snapshot, take
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def _label(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _sample(name: str, labels: dict[str, object], value: float) -> str:
-    inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-    return f"{name}{{{inner}}} {value:g}" if inner else f"{name} {value:g}"
-
+#: The text format ``generate_latest`` writes; the header the hand-written text had.
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 FAMILIES = {
     "dbworker_executions": "Executions by worker and status (pending: not claimed yet).",
@@ -52,12 +62,43 @@ def _samples(snap: Snapshot) -> Iterator[tuple[str, dict[str, object], float]]:
         yield "dbworker_supervisors", {"state": state}, n
 
 
-def render(snap: Snapshot | None = None) -> str:
-    snap = snap or take()
-    by_family: dict[str, list[str]] = {name: [] for name in FAMILIES}
-    for family, labels, value in _samples(snap):
-        by_family[family].append(_sample(family, labels, value))
-    lines: list[str] = []
-    for family, samples in by_family.items():
-        lines += [f"# HELP {family} {FAMILIES[family]}", f"# TYPE {family} gauge", *samples]
-    return "\n".join(lines) + "\n"
+def families(snap: Snapshot) -> list[Metric]:
+    """One gauge family per name in FAMILIES, each present even without samples.
+
+    Families differ in their labels from sample to sample (``worker`` or ``queue``), so
+    samples are added with their own labels rather than through a fixed label list."""
+    by_name = {name: GaugeMetricFamily(name, help_text) for name, help_text in FAMILIES.items()}
+    for name, labels, value in _samples(snap):
+        by_name[name].add_sample(name, {k: str(v) for k, v in labels.items()}, float(value))
+    return list(by_name.values())
+
+
+class SnapshotCollector(Collector):
+    """The dbworker_* families, read from the database at each scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(take())
+
+    def describe(self) -> Iterator[Metric]:
+        # Names only, for the registry's duplicate check; registering reads no database.
+        for name, help_text in FAMILIES.items():
+            yield GaugeMetricFamily(name, help_text)
+
+
+@functools.cache
+def registry(*, process: bool = True) -> CollectorRegistry:
+    """Our registry; ``process``: with the library's process_*, python_info and
+    python_gc_* metrics, which describe the process that serves the scrape."""
+    reg = CollectorRegistry()
+    reg.register(SnapshotCollector())
+    if process:
+        # Instances of our own: the library's global registry is left alone.
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        GCCollector(registry=reg)
+    return reg
+
+
+def render(*, process: bool = True) -> bytes:
+    """The text exposition of a fresh snapshot (and of this process, unless told not)."""
+    return generate_latest(registry(process=process))

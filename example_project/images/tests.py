@@ -237,5 +237,6 @@ class OperationsTests(ExampleTestCase):
         self.assertEqual(response.status_code, 200)
         self.assertTrue(response["Content-Type"].startswith("text/plain"))
         text = response.content.decode()
-        self.assertIn('dbworker_executions{worker="prepare_image",status="finished"} 1', text)
-        self.assertIn('dbworker_executions{worker="prepare_image",status="failed"} 1', text)
+        # prometheus_client writes labels sorted by name, values as floats.
+        self.assertIn('dbworker_executions{status="finished",worker="prepare_image"} 1.0', text)
+        self.assertIn('dbworker_executions{status="failed",worker="prepare_image"} 1.0', text)
