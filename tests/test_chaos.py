@@ -28,7 +28,9 @@ from django.utils import timezone
 
 from django_dbworker import conf, workers
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
+from django_dbworker.models import Supervisor as SupervisorRow
 from django_dbworker.rows.sweep import Sweeper
+from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Effect, Item
 
@@ -218,6 +220,13 @@ def test_chaos_soak_exactly_one_effect_per_unit(runworkers):
     assert unexplained == 0
     assert sum(killer.kills.values()) >= min(5, KILL_SECONDS / 2 - 1)
     assert not TaskRecord.objects.filter(status=TaskStatus.RUNNING).exists()
+    # The killer may have started a supervisor a moment ago: one still importing Django has
+    # no handler yet, and SIGTERM ends it the default way (-15) before it claimed anything.
+    # What is checked here is the graceful stop of running supervisors: wait until each is
+    # up (its heartbeat row, written once its signal handlers are in place).
+    wait_for(lambda: SupervisorRow.objects.filter(
+        pid__in=[rw.pid for rw in supervisors], stopped_at__isnull=True,
+    ).count() == len(supervisors), timeout=30, what="every supervisor running")
     for rw in supervisors:
         assert rw.process.poll() is None, rw.output()[-3000:]
         rw.signal(signal.SIGTERM)
