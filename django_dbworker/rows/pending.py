@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 from django.db import connections, models
@@ -56,7 +57,8 @@ def add(worker: Worker, pks: Iterable[Any], using: str) -> int:
     return len(units)
 
 
-def add_selected(worker: Worker, rows: QuerySet[Any], using: str) -> int:
+def add_selected(worker: Worker, rows: QuerySet[Any], using: str, *,
+                 now: datetime | None = None) -> int:
     """Make the rows ``rows`` selects pending for ``worker`` unless they have an execution,
     in one ``INSERT ... SELECT`` on the server: no key comes back to Python and no model
     instance is built (the discovery of thousands of rows costs the database a statement
@@ -71,7 +73,8 @@ def add_selected(worker: Worker, rows: QuerySet[Any], using: str) -> int:
     key = "CAST(m.dbworker_pk AS TEXT)"
     sort = "m.dbworker_pk" if keys.has_integer_pk(worker.source) else "NULL"
     select = ", ".join(v.format(key=key, sort_key=sort, now="%s") for v in values)
-    stamp = Execution._meta.get_field("created_at").get_db_prep_save(timezone.now(), connection)
+    stamp = keys.column_field(Execution, "created_at").get_db_prep_save(
+        now or timezone.now(), connection)
     head = (f"INSERT INTO {quote(Execution._meta.db_table)} "
             f"({', '.join(quote(c) for c in columns)})")
     sql = engine_for(connection).insert_select_ignoring(

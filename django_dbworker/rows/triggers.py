@@ -23,7 +23,7 @@ from typing import Any, Literal, cast
 
 from django.conf import settings
 from django.db import NotSupportedError, connections, models, router, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from .. import conf, registry
@@ -33,7 +33,7 @@ from ..exceptions import TriggerUnavailable, UnknownWorker
 from ..models import Execution, State
 from ..registry import NAME_RE, Worker
 from . import keys
-from .pending import new_execution_sql, sql_literal
+from .pending import add_selected, new_execution_sql, sql_literal
 
 PREFIX = "dbworker_"
 #: PostgreSQL's longest identifier.
@@ -324,23 +324,10 @@ def _catch_up(worker: Worker, using: str, now: Any) -> None:
     execution for each row without one, no execution of a row that is gone (except a
     running one)."""
     model = _concrete(worker)
-    connection = connections[using]
     executions = Execution.objects.using(using).filter(worker=worker.name)
     has_unit = executions.filter(source_id=keys.key_expression(OuterRef("pk")))
-    missing = (model._base_manager.using(using).order_by().filter(~Exists(has_unit))
-               .values(dbworker_pk=F("pk")))
-    sub_sql, sub_params = missing.query.get_compiler(using).as_sql()
-    columns, values = new_execution_sql(worker)
-    q = connection.ops.quote_name
-    key = "CAST(m.dbworker_pk AS TEXT)"
-    sort = "m.dbworker_pk" if keys.has_integer_pk(worker.source) else "NULL"
-    select = ", ".join(v.format(key=key, sort_key=sort, now="%s") for v in values)
-    stamp = keys.column_field(Execution, "created_at").get_db_prep_save(now, connection)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {q(Execution._meta.db_table)} ({', '.join(q(c) for c in columns)}) "
-            f"SELECT {select} FROM ({sub_sql}) AS m",
-            [stamp] * sum(v == "{now}" for v in values) + list(sub_params))
+    add_selected(worker, model._base_manager.using(using).filter(~Exists(has_unit)), using,
+                 now=now)
     source = model._base_manager.using(using).filter(
         pk=keys.pk_expression(model, OuterRef("source_id")))
     executions.exclude(state=State.WORKING).filter(~Exists(source)).delete()
