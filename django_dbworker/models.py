@@ -8,9 +8,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import models
-from django.db.models import Q, Value
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+
+from .db.partial import InStates, KeyField, PartialIndex, UniqueUnlessNull
 
 
 class ExecutionStatus(models.TextChoices):
@@ -56,27 +58,15 @@ class Transition(frozenset[str]):
         return f"Transition({sorted(self)} -> {sorted(self.to)})"
 
 
-class StateConstant(Value):
-    """One of our own state names, written into the SQL text instead of bound."""
-
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        value = str(self.value)
-        if not value.isalpha():  # only our State names ever come here; never quote input
-            raise ValueError(f"not a state name: {value!r}")
-        return f"'{value}'", ()  # no parameters; a tuple, as Value.as_sql's
-
-
 def in_states(states: Iterable[str], field: str = "state") -> Q:
-    """``state IN ('A', 'B')`` with the names inline, so it matches a partial index.
+    """``state IN ('A', 'B')`` with the names inline, so it matches a partial index (on
+    MariaDB/MySQL: the flag column of the index over the same states, ``db.partial``).
 
     Give the states in the order of the index's condition (SQLite compares the lists as
     written). One state is written ``state = 'A'``: SQLite matches an index's
     ``WHERE state = 'A'`` only by that very form, not by ``state IN ('A')``.
     """
-    names = [str(state) for state in states]
-    if len(names) == 1:
-        return Q(**{field: StateConstant(names[0])})
-    return Q(**{f"{field}__in": [StateConstant(name) for name in names]})
+    return Q(InStates(field, states))
 
 
 class ExecutionQuerySet(models.QuerySet["Execution"]):
@@ -117,7 +107,7 @@ class Execution(models.Model):
     id = models.BigAutoField(primary_key=True)
     worker = models.CharField(max_length=100)
     #: The source row's primary key as the database casts it to text.
-    source_id = models.CharField(max_length=255)
+    source_id = KeyField(max_length=255)
     #: The source row's primary key when it is an integer: the claim order of pk-ordered
     #: workers, served by the claim index.
     sort_key = models.BigIntegerField(null=True, blank=True)
@@ -150,16 +140,18 @@ class Execution(models.Model):
         indexes = [
             # Serves the claim query exactly: only units waiting to be claimed are in it,
             # so its size follows the pending work, never the finished history.
-            models.Index(
+            PartialIndex(
                 fields=["worker", "sort_key", "source_id"],
                 name="dbworker_execution_claimable",
                 condition=Q(state__in=CLAIMABLE),
+                flag="dbworker_claimable",
             ),
             # Serves the reaper (expired leases) and lease renewal.
-            models.Index(
+            PartialIndex(
                 fields=["lease_expires_at"],
                 name="dbworker_execution_working",
                 condition=Q(state=State.WORKING),
+                flag="dbworker_working",
             ),
         ]
 
@@ -347,7 +339,7 @@ class TaskRecord(models.Model):
     progress_message = models.CharField(max_length=255, blank=True, default="")
     #: Unique where set (``dbworker_task_idempotency_key``, a partial index: most rows
     #: have none and cost it nothing).
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL: no key; "" would be one)
+    idempotency_key = KeyField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL: no key; "" would be one)
     #: The cron schedule that enqueued it, if any.
     schedule = models.CharField(max_length=100, blank=True, default="")
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
@@ -362,34 +354,38 @@ class TaskRecord(models.Model):
     class Meta:
         verbose_name = "task"
         constraints = [
-            models.UniqueConstraint(
+            UniqueUnlessNull(
                 fields=["idempotency_key"], name="dbworker_task_idempotency_key",
                 condition=Q(idempotency_key__isnull=False),
             ),
         ]
         indexes = [
-            models.Index(
+            PartialIndex(
                 "queue_name", models.F("priority").desc(), "available_at",
                 name="dbworker_task_claimable",
                 condition=Q(status__in=TASK_CLAIMABLE),
+                flag="dbworker_claimable",
             ),
             # The claims of a supervisor that runs every queue (no --queue): the same order
             # without the queue, so they walk an index too instead of sorting every task
             # that waits.
-            models.Index(
+            PartialIndex(
                 models.F("priority").desc(), "available_at",
                 name="dbworker_task_claimable_any",
                 condition=Q(status__in=TASK_CLAIMABLE),
+                flag="dbworker_claimable",
             ),
-            models.Index(
+            PartialIndex(
                 fields=["lease_expires_at"],
                 name="dbworker_task_running",
                 condition=Q(status=TaskStatus.RUNNING),
+                flag="dbworker_running",
             ),
-            models.Index(
+            PartialIndex(
                 fields=["finished_at"],
                 name="dbworker_task_finished",
                 condition=Q(status__in=TASK_FINISHED),
+                flag="dbworker_finished",
             ),
         ]
 
@@ -459,7 +455,7 @@ def _parsed(text: str) -> datetime | str:
 class RateBucket(models.Model):
     """A token bucket shared by all supervisors: one row per rate-limited key."""
 
-    key = models.CharField(max_length=255, primary_key=True)
+    key = KeyField(max_length=255, primary_key=True)
     tokens = models.FloatField()
     updated_at = models.DateTimeField()
 

@@ -1,4 +1,4 @@
-"""Settings for our own test suite: DBWORKER_TEST_DB=sqlite (default) or postgres."""
+"""Settings for our own test suite: DBWORKER_TEST_DB=sqlite (default), postgres or mariadb."""
 
 import os
 import tempfile
@@ -69,10 +69,24 @@ elif DB == "sqlite":
             "TEST": {"NAME": str(folder / f"test_dbworker_{os.getpid()}.sqlite3")},
         }
     }
+elif DB == "mariadb":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": TEST_DB_NAME or "dbworker",
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"NAME": f"test_dbworker_{os.getpid()}", "CHARSET": "utf8mb4",
+                     "COLLATION": "utf8mb4_unicode_ci"},
+        }
+    }
 elif DB == "memory":  # only for the tests that prove an in-memory database is refused
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 else:
-    raise RuntimeError(f"DBWORKER_TEST_DB={DB!r}: use 'sqlite' or 'postgres'.")
+    raise RuntimeError(f"DBWORKER_TEST_DB={DB!r}: use 'sqlite', 'postgres' or 'mariadb'.")
 
 DBWORKER = {
     "LEASE_SECONDS": float(os.environ.get("DBWORKER_TEST_LEASE", "30")),

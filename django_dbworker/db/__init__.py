@@ -9,13 +9,14 @@ import django.db
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .engine import Engine, TransactionEnded, Unsupported
+from .mysql import MySQL
 from .postgresql import PostgreSQL
 from .sqlite import SQLite
 
 __all__ = ["ENGINES", "Engine", "TransactionEnded", "engine", "engine_for"]
 
 #: Django's ``connection.vendor`` -> our engine for it.
-ENGINES: dict[str, Engine] = {"postgresql": PostgreSQL(), "sqlite": SQLite()}
+ENGINES: dict[str, Engine] = {"mysql": MySQL(), "postgresql": PostgreSQL(), "sqlite": SQLite()}
 
 
 def engine_for(connection: BaseDatabaseWrapper) -> Engine:

@@ -277,6 +277,20 @@ class Engine:
         marks = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
         return (f"WITH v ({names}) AS (VALUES {marks}) ", params), ("v", [])
 
+    def update_from_values(self, cursor: Any, table: str, sets: str, set_params: Sequence[Any],
+                           columns: Sequence[Any], rows: Sequence[Sequence[Any]], where: str,
+                           where_params: Sequence[Any], *, returning: str,
+                           ) -> list[tuple[Any, ...]]:
+        """``UPDATE table SET sets FROM v WHERE where RETURNING returning``: ``v`` has the
+        ``rows`` (Python values) in ``columns`` (model fields), ``sets`` and ``where`` may
+        name ``v.<column>``. One status statement (``execute_status``); the rows updated."""
+        connection = cursor.db
+        (with_values, before), (values, within) = self.values_source(connection, columns, rows)
+        sql = (f"{with_values}UPDATE {table} SET {sets} FROM {values} WHERE {where} "
+               f"RETURNING {returning}")
+        self.execute_status(cursor, sql, [*before, *set_params, *within, *where_params])
+        return cursor.fetchall()
+
     def insert_select_ignoring(self, head: str, select: str) -> str:
         """``head`` (``INSERT INTO t (columns)``) then ``select``, skipping the rows that
         would break a unique constraint. (The ``WHERE`` keeps SQLite from reading the

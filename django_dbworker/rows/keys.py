@@ -50,9 +50,57 @@ def sort_key(model: type[models.Model], pk: Any) -> int | None:
     return int(pk) if has_integer_pk(model) else None
 
 
+class KeyText(Cast):
+    """A source pk cast to text as ``source_id`` holds it; on MariaDB/MySQL in the column's
+    collation (``utf8mb4_bin``, ``db.partial.KeyField``): a cast takes the connection's
+    collation, and comparing two collations is an error there (or, converted, an index
+    that cannot be used)."""
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"CAST({sql} AS CHAR CHARACTER SET utf8mb4) COLLATE utf8mb4_bin", params
+
+
 def key_expression(expression: Any) -> Cast:
     """SQL for a source pk expression cast to the text stored in ``source_id``."""
-    return Cast(expression, output_field=models.CharField())
+    return KeyText(expression, output_field=models.CharField())
+
+
+class PkCast(Cast):
+    """``source_id`` cast back to the primary key's type; a text key on MariaDB/MySQL in the
+    key column's own collation, so the comparison can use its index (a cast takes the
+    connection's collation, and two collations may not meet there)."""
+
+    def __init__(self, expression: Any, output_field: Any, model: type[models.Model]) -> None:
+        super().__init__(expression, output_field=output_field)
+        self.model = model
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        sql, params = super().as_mysql(compiler, connection, **extra)
+        if isinstance(self.output_field, models.CharField):
+            field = pk_field(self.model)
+            collation = column_collation(connection, self.model._meta.db_table, field.column)
+            if collation:
+                sql = f"({sql} COLLATE {collation})"
+        return sql, params
+
+
+#: ``(alias, table, column) -> collation`` of text key columns (MariaDB/MySQL).
+_collations: dict[tuple[str, str, str], str | None] = {}
+
+
+def column_collation(connection: Any, table: str, column: str) -> str | None:
+    """The collation of ``table.column`` as the database's catalog has it (cached)."""
+    key = (connection.alias, table, column)
+    if key not in _collations:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT collation_name FROM information_schema.columns WHERE "
+                           "table_schema = DATABASE() AND table_name = %s AND column_name = %s",
+                           [table, column])
+            row = cursor.fetchone()
+        found = row[0] if row else None
+        _collations[key] = found if found and found.replace("_", "").isalnum() else None
+    return _collations[key]
 
 
 def pk_expression(model: type[models.Model], expression: Any) -> Cast:
@@ -64,4 +112,4 @@ def pk_expression(model: type[models.Model], expression: Any) -> Cast:
         output = models.CharField(max_length=field.max_length)
     else:
         output = field.__class__()
-    return Cast(expression, output_field=output)
+    return PkCast(expression, output, model)

@@ -193,7 +193,9 @@ def claim_parts(
     def build(at: datetime) -> Any:
         inner = candidates(worker, at, using).values("id")[:limit]
         if connection.features.has_select_for_update_skip_locked:
-            inner = inner.select_for_update(skip_locked=True, of=("self",))
+            inner = inner.select_for_update(
+                skip_locked=True,
+                of=("self",) if connection.features.has_select_for_update_of else ())
         return inner
 
     inner_sql, inner_params = compiled.sql_with_now(

@@ -186,7 +186,9 @@ def claim(
         # make every claim sort all waiting tasks. Ties go in index order (enqueue order).
         inner = inner.order_by(F("priority").desc(), "available_at").values("id")[:limit]
         if connection.features.has_select_for_update_skip_locked:
-            inner = inner.select_for_update(skip_locked=True, of=("self",))
+            inner = inner.select_for_update(
+                skip_locked=True,
+                of=("self",) if connection.features.has_select_for_update_of else ())
         return inner
 
     key = ("task", tuple(queues) if queues is not None else None, limit, only_path, exclude)
@@ -270,33 +272,25 @@ def succeed_many(done: Sequence[tuple[TaskClaim, Any, datetime]]) -> set[uuid.UU
     table = quote(TaskRecord._meta.db_table)
     column = {name: quote(keys.column_name(TaskRecord, name)) for name in
               ("id", "token", "status", "return_value", "finished_at", "lease_expires_at")}
-    (with_values, before), (values, within) = _new_values(connection, done)
     (from_status,) = TRANSITIONS["finish"]
-    sql = (f"{with_values}UPDATE {table} SET {column['status']} = %s, "
-           f"{column['return_value']} = v.return_value, "
-           f"{column['finished_at']} = v.finished_at, "
-           f"{column['token']} = NULL, {column['lease_expires_at']} = NULL "
-           f"FROM {values} WHERE {table}.{column['id']} = v.id "
-           f"AND {table}.{column['token']} = v.token AND {table}.{column['status']} = %s")
-    params = [*before, TaskStatus.SUCCESSFUL, *within, from_status]
+    sets = (f"{column['status']} = %s, {column['return_value']} = v.return_value, "
+            f"{column['finished_at']} = v.finished_at, "
+            f"{column['token']} = NULL, {column['lease_expires_at']} = NULL")
+    where = (f"{table}.{column['id']} = v.id AND {table}.{column['token']} = v.token "
+             f"AND {table}.{column['status']} = %s")
+    where_params: list[Any] = [from_status]
     if lease_live(connection.alias):
-        sql += f" AND {table}.{column['lease_expires_at']} > %s"
-        params.append(field("lease_expires_at").get_db_prep_save(timezone.now(), connection))
-    sql += f" RETURNING {table}.{column['id']}"
+        where += f" AND {table}.{column['lease_expires_at']} > %s"
+        where_params.append(field("lease_expires_at").get_db_prep_save(timezone.now(),
+                                                                        connection))
+    columns = [field(name) for name in ("id", "token", "return_value", "finished_at")]
+    rows = [(c.task_id, c.token, value, at) for c, value, at in done]
     to_id = field("id").to_python
     with connection.cursor() as cursor:
-        engine_for(connection).execute_status(cursor, sql, params)
-        return {to_id(value) for (value,) in cursor.fetchall()}
-
-
-def _new_values(connection: Any, done: Sequence[tuple[TaskClaim, Any, datetime]],
-                ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
-    """``succeed_many``'s rows ``v(id, token, return_value, finished_at)``: a WITH clause
-    and what to select them FROM, each with its parameters (``Engine.values_source``)."""
-    field = functools.partial(keys.column_field, TaskRecord)
-    columns = [field(name) for name in ("id", "token", "return_value", "finished_at")]
-    return engine_for(connection).values_source(
-        connection, columns, [(c.task_id, c.token, value, at) for c, value, at in done])
+        changed = engine_for(connection).update_from_values(
+            cursor, table, sets, [TaskStatus.SUCCESSFUL], columns, rows, where,
+            where_params, returning=f"{table}.{column['id']}")
+    return {to_id(value) for (value,) in changed}
 
 
 def error_entry(info: FailureInfo, attempt: int, when: datetime) -> dict[str, Any]:

@@ -1,0 +1,199 @@
+"""MariaDB (>= 10.6) and MySQL (>= 8.0): Django's ``mysql`` backend, ``mysqlclient``.
+
+Neither has partial indexes nor ``UPDATE ... RETURNING``: the claim indexes lead with a
+generated column that says whether the row is in the index's state set
+(``partial.PartialIndex``), the queries name that column, and a claim is three short
+statements in one transaction (the candidates' ids ``FOR UPDATE SKIP LOCKED``, an UPDATE of
+those ids, a SELECT of what the claim returns). There is no LISTEN/NOTIFY: an idle
+supervisor runs a cheap indexed probe every 50 ms (``commit_counter``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from django.core.checks import CheckMessage, Error, Warning
+from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .engine import Claim, Engine, RowTriggers, Trigger
+
+#: Error codes that mean the session is gone (server gone away, lost connection, killed).
+LOST_SESSION = {2006, 2013, 1927, 4031}
+#: Error codes a transaction may be retried after (deadlock, lock wait timeout).
+RETRYABLE = {1213, 1205}
+
+#: ``v.<column>`` in ``update_from_values``' SQL.
+_V_COLUMN = re.compile(r"\bv\.(\w+)")
+
+#: Oldest servers we run on: both have ``FOR UPDATE SKIP LOCKED``.
+MIN_MARIADB = (10, 6)
+MIN_MYSQL = (8, 0)
+
+
+class MySQL(Engine):
+    vendor = "mysql"
+    watches_commits: ClassVar[bool] = True
+
+    # ----- connections ------------------------------------------------------------------
+
+    def on_connection_created(self, connection: BaseDatabaseWrapper) -> None:
+        """``innodb_lock_wait_timeout`` where ``bound_lock_waits`` asked for one."""
+        seconds = getattr(connection, "_dbworker_lock_wait", None)
+        if seconds is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(seconds))}")
+
+    def session_lost(self, exc: BaseException) -> bool:
+        return _code(exc) in LOST_SESSION
+
+    def setting_checks(self, alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
+        return server_checks(alias, connection)
+
+    # ----- claims -----------------------------------------------------------------------
+
+    def claim(self, cursor: Any, claim: Claim) -> list[tuple[Any, ...]]:
+        """The candidates' ids (``FOR UPDATE SKIP LOCKED``: ours until the commit), one
+        UPDATE of those ids, then what the claim returns of them, in the candidates' order."""
+        sql, params = self.claim_statement(claim)
+        cursor.execute(sql, params)
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return []
+        marks = ", ".join(["%s"] * len(ids))
+        cursor.execute(f"UPDATE {claim.table} SET {claim.sets} WHERE id IN ({marks})",
+                       [*claim.set_params, *ids])
+        cursor.execute(f"SELECT {claim.returning} FROM {claim.table} WHERE id IN ({marks})",
+                       ids)
+        position = {value: i for i, value in enumerate(ids)}
+        return sorted(cursor.fetchall(), key=lambda row: position[row[0]])
+
+    # ----- SQL fragments ----------------------------------------------------------------
+
+    def json_append(self, column: str) -> str:
+        return f"JSON_ARRAY_APPEND(COALESCE({column}, '[]'), '$', %s)"
+
+    def json_drop_last(self) -> str:
+        return ("JSON_REMOVE(%(expressions)s, "
+                "CONCAT('$[', JSON_LENGTH(%(expressions)s) - 1, ']'))")
+
+    def json_last(self, key: str) -> str:
+        return ("JSON_UNQUOTE(JSON_EXTRACT(%(expressions)s, "
+                f"CONCAT('$[', JSON_LENGTH(%(expressions)s) - 1, '].{key}')))")
+
+    def update_from_values(self, cursor: Any, table: str, sets: str, set_params: Sequence[Any],
+                           columns: Sequence[Any], rows: Sequence[Sequence[Any]], where: str,
+                           where_params: Sequence[Any], *, returning: str,
+                           ) -> list[tuple[Any, ...]]:
+        """No ``RETURNING`` on an UPDATE: in one transaction, what ``where`` selects of the
+        rows is read ``FOR UPDATE`` (returned), then updated through a join with the same
+        rows. ``v`` is a derived table of ``SELECT ... UNION ALL`` rows whose columns are
+        prefixed (``v.x`` is ``v.v_x``), so an unqualified SET target is never ambiguous."""
+        connection = cursor.db
+        values, params = _derived(connection, columns, rows)
+        sets, where = (_V_COLUMN.sub(r"v.v_\1", text) for text in (sets, where))
+        with transaction.atomic(using=connection.alias):
+            cursor.execute(f"SELECT {returning} FROM {table} JOIN {values} ON {where} "
+                           "FOR UPDATE", [*params, *where_params])
+            found = cursor.fetchall()
+            if found:
+                cursor.execute(f"UPDATE {table} JOIN {values} ON {where} SET {sets}",
+                               [*params, *where_params, *set_params])
+        return list(found)
+
+    def insert_select_ignoring(self, head: str, select: str) -> str:
+        """``ON DUPLICATE KEY UPDATE`` with no change: only a duplicate key is skipped
+        (``INSERT IGNORE`` would also turn other errors into warnings)."""
+        return f"{head} {select} ON DUPLICATE KEY UPDATE id = id"
+
+    # ----- wake-ups ---------------------------------------------------------------------
+
+    def commit_counter(self, connection: BaseDatabaseWrapper) -> int | None:
+        return None
+
+    # ----- triggers ---------------------------------------------------------------------
+
+    def create_row_triggers(self, connection: BaseDatabaseWrapper,
+                            triggers: RowTriggers) -> list[str]:
+        raise self.unsupported("database triggers")
+
+    def drop_row_trigger(self, connection: BaseDatabaseWrapper, trigger: Trigger) -> list[str]:
+        raise self.unsupported("database triggers")
+
+    def row_triggers(self, connection: BaseDatabaseWrapper, prefix: str) -> list[Trigger]:
+        raise self.unsupported("database triggers")
+
+
+def _derived(connection: BaseDatabaseWrapper, columns: Sequence[Any],
+             rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
+    """``(SELECT %s AS a, %s AS b UNION ALL SELECT %s, %s ...) AS v`` and its parameters."""
+    params: list[Any] = []
+    selects = []
+    for i, row in enumerate(rows):
+        params += [f.get_db_prep_save(value, connection)
+                   for f, value in zip(columns, row, strict=True)]
+        if i == 0:
+            selects.append("SELECT " + ", ".join(f"%s AS v_{f.column}" for f in columns))
+        else:
+            selects.append("SELECT " + ", ".join(["%s"] * len(columns)))
+    return f"({' UNION ALL '.join(selects)}) AS v", params
+
+
+def _code(exc: BaseException) -> int | None:
+    """The MySQL error code of ``exc`` (or of the driver error it wraps)."""
+    for error in (exc, exc.__cause__):
+        args = getattr(error, "args", ())
+        if args and isinstance(args[0], int):
+            return args[0]
+    return None
+
+
+def server_checks(alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
+    """The server's version and the session's isolation level (E013, E014, W005)."""
+    errors: list[CheckMessage] = []
+    try:
+        connection.ensure_connection()
+        mariadb = connection.mysql_is_mariadb  # type: ignore[attr-defined]
+        version = connection.mysql_version  # type: ignore[attr-defined]
+    except Exception:  # the database is down: other checks and commands will say so
+        return []
+    oldest = MIN_MARIADB if mariadb else MIN_MYSQL
+    name = "MariaDB" if mariadb else "MySQL"
+    if tuple(version[:2]) < oldest:
+        errors.append(Error(
+            f"DATABASES[{alias!r}] is {name} {'.'.join(map(str, version))}; django-dbworker "
+            f"needs {name} {'.'.join(map(str, oldest))} or later (FOR UPDATE SKIP LOCKED).",
+            hint=f"Upgrade the server to {name} {'.'.join(map(str, oldest))}+"
+                 + (" or MariaDB 10.6+." if not mariadb else "."),
+            id="django_dbworker.E013",
+        ))
+    level = isolation_level(connection)
+    if level in ("READ-UNCOMMITTED", "SERIALIZABLE"):
+        errors.append(Error(
+            f"DATABASES[{alias!r}] runs its transactions at {level}: claims and fenced "
+            "completions need READ COMMITTED (Django's default on MySQL and MariaDB).",
+            hint=f"Set DATABASES[{alias!r}]['OPTIONS']['isolation_level'] = 'read committed'.",
+            id="django_dbworker.E014",
+        ))
+    elif level == "REPEATABLE-READ":
+        errors.append(Warning(
+            f"DATABASES[{alias!r}] runs its transactions at REPEATABLE READ: claims take "
+            "gap locks there, so enqueues and claims wait for each other and deadlock more "
+            "often (retried, but slower); django-dbworker is tested at READ COMMITTED.",
+            hint=f"Set DATABASES[{alias!r}]['OPTIONS']['isolation_level'] = 'read committed'.",
+            id="django_dbworker.W004",
+        ))
+    return errors
+
+
+def isolation_level(connection: BaseDatabaseWrapper) -> str | None:
+    """The session's transaction isolation level, e.g. ``READ-COMMITTED``."""
+    variable = ("@@SESSION.tx_isolation" if connection.mysql_is_mariadb  # type: ignore[attr-defined]
+                and connection.mysql_version < (11, 1) else "@@SESSION.transaction_isolation")  # type: ignore[attr-defined]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {variable}")
+        row = cursor.fetchone()
+    return str(row[0]).upper() if row else None
+
