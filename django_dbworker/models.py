@@ -339,7 +339,8 @@ class TaskRecord(models.Model):
     progress_message = models.CharField(max_length=255, blank=True, default="")
     #: Unique where set (``dbworker_task_idempotency_key``, a partial index: most rows
     #: have none and cost it nothing).
-    idempotency_key = KeyField(max_length=255, null=True, blank=True)  # noqa: DJ001 (NULL: no key; "" would be one)
+    #: NULL: no key ("" would be one).
+    idempotency_key = KeyField(max_length=255, null=True, blank=True)
     #: The cron schedule that enqueued it, if any.
     schedule = models.CharField(max_length=100, blank=True, default="")
     cancel_requested_at = models.DateTimeField(null=True, blank=True)

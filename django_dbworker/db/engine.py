@@ -291,6 +291,11 @@ class Engine:
         self.execute_status(cursor, sql, [*before, *set_params, *within, *where_params])
         return cursor.fetchall()
 
+    def key_text(self, sql: str) -> str:
+        """SQL of a primary key expression ``sql`` as the text ``source_id`` holds
+        (``rows.keys.key_expression`` in SQL text)."""
+        return f"CAST({sql} AS TEXT)"
+
     def insert_select_ignoring(self, head: str, select: str) -> str:
         """``head`` (``INSERT INTO t (columns)``) then ``select``, skipping the rows that
         would break a unique constraint. (The ``WHERE`` keeps SQLite from reading the

@@ -104,14 +104,27 @@ class MySQL(Engine):
         return list(found)
 
     def insert_select_ignoring(self, head: str, select: str) -> str:
-        """``ON DUPLICATE KEY UPDATE`` with no change: only a duplicate key is skipped
-        (``INSERT IGNORE`` would also turn other errors into warnings)."""
-        return f"{head} {select} ON DUPLICATE KEY UPDATE id = id"
+        """``INSERT IGNORE``: its row count is the rows inserted (``ON DUPLICATE KEY
+        UPDATE`` counts a skipped row as one found). It would also turn a value too long
+        into a warning: ours are keys no longer than ``source_id`` (E006) and constants."""
+        return head.replace("INSERT INTO", "INSERT IGNORE INTO", 1) + f" {select}"
+
+    def key_text(self, sql: str) -> str:
+        return f"CAST({sql} AS CHAR CHARACTER SET utf8mb4) COLLATE utf8mb4_bin"
 
     # ----- wake-ups ---------------------------------------------------------------------
 
     def commit_counter(self, connection: BaseDatabaseWrapper) -> int | None:
-        return None
+        """No LISTEN/NOTIFY here: a probe of what a claim would find new, through indexes
+        only (the executions' primary key, the claim indexes' flags): the newest
+        execution, and how many units and tasks wait (up to ``PROBE_CAP`` each). An
+        enqueue, a new or released unit, or a retry changes it; renewals, heartbeats and
+        other supervisors' empty claims do not, so idle supervisors do not wake each
+        other."""
+        with connection.cursor() as cursor:
+            cursor.execute(_probe_sql(connection))
+            row = cursor.fetchone()
+        return hash(tuple(row)) if row else None
 
     # ----- triggers ---------------------------------------------------------------------
 
@@ -124,6 +137,23 @@ class MySQL(Engine):
 
     def row_triggers(self, connection: BaseDatabaseWrapper, prefix: str) -> list[Trigger]:
         raise self.unsupported("database triggers")
+
+
+#: Waiting units and tasks the wake-up probe counts at most (each: an index range).
+PROBE_CAP = 1000
+
+
+def _probe_sql(connection: BaseDatabaseWrapper) -> str:
+    from ..models import Execution, TaskRecord
+
+    q = connection.ops.quote_name
+    executions, tasks = q(Execution._meta.db_table), q(TaskRecord._meta.db_table)
+    flag = q("dbworker_claimable")
+    return (f"SELECT (SELECT MAX(id) FROM {executions}), "
+            f"(SELECT COUNT(*) FROM (SELECT 1 FROM {executions} WHERE {flag} = 1 "
+            f"LIMIT {PROBE_CAP}) AS e), "
+            f"(SELECT COUNT(*) FROM (SELECT 1 FROM {tasks} WHERE {flag} = 1 "
+            f"LIMIT {PROBE_CAP}) AS t)")
 
 
 def _derived(connection: BaseDatabaseWrapper, columns: Sequence[Any],

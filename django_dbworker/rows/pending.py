@@ -70,7 +70,7 @@ def add_selected(worker: Worker, rows: QuerySet[Any], using: str, *,
     sub_sql, sub_params = chosen.query.get_compiler(using).as_sql()
     columns, values = new_execution_sql(worker)
     quote = connection.ops.quote_name
-    key = "CAST(m.dbworker_pk AS TEXT)"
+    key = engine_for(connection).key_text("m.dbworker_pk")
     sort = "m.dbworker_pk" if keys.has_integer_pk(worker.source) else "NULL"
     select = ", ".join(v.format(key=key, sort_key=sort, now="%s") for v in values)
     stamp = keys.column_field(Execution, "created_at").get_db_prep_save(
