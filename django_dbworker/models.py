@@ -362,7 +362,7 @@ class TaskRecord(models.Model):
         ]
         indexes = [
             PartialIndex(
-                "queue_name", models.F("priority").desc(), "available_at",
+                fields=["queue_name", "-priority", "available_at"],
                 name="dbworker_task_claimable",
                 condition=Q(status__in=TASK_CLAIMABLE),
                 flag="dbworker_claimable",
@@ -371,7 +371,7 @@ class TaskRecord(models.Model):
             # without the queue, so they walk an index too instead of sorting every task
             # that waits.
             PartialIndex(
-                models.F("priority").desc(), "available_at",
+                fields=["-priority", "available_at"],
                 name="dbworker_task_claimable_any",
                 condition=Q(status__in=TASK_CLAIMABLE),
                 flag="dbworker_claimable",

@@ -8,7 +8,13 @@ key, one candidate at a time), and, for the pk-ordered worker, walks the index i
 order without a sort, so it stops after ``limit`` units. The reaper's query gets the same
 check against its own index.
 
-Both databases are checked before ``ANALYZE`` (Django never runs it; on PostgreSQL
+On MariaDB/MySQL (no partial indexes) the claim index leads with the generated flag column
+``dbworker_claimable`` (``db.partial``): the claim must seek ``flag = 1`` in it
+(``ref``/``range`` access, never ``ALL`` or a full ``index`` scan) and, for the pk-ordered
+worker, read it in order (no ``Using filesort``); what the claim reads is counted with the
+session's ``Handler_read_*`` counters.
+
+Every database is checked before ``ANALYZE`` (Django never runs it; on PostgreSQL
 autovacuum analyzes a table only after enough changes, so a new table's first thousands of
 rows are planned without statistics: issue 23) and after. ``test_fresh_table_*`` claims from
 5,000 units just made pending on never-analyzed tables, as after a ``bulk_create`` the sweep
@@ -26,6 +32,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from django_dbworker.db import engine
 from django_dbworker.models import Execution, State
 from django_dbworker.outcomes import Finished
 from django_dbworker.registry import workers
@@ -76,7 +83,7 @@ def history(request: pytest.FixtureRequest) -> dict[str, list[int]]:
                     continue
                 columns.append(quote(field.column))
                 if field.name in ("source_id", "sort_key"):
-                    values.append("CAST(id AS varchar(255))" if field.name == "source_id"
+                    values.append(engine().key_text("id") if field.name == "source_id"
                                   else "id")
                     continue
                 values.append("%s")
@@ -91,7 +98,8 @@ def history(request: pytest.FixtureRequest) -> dict[str, list[int]]:
             waiting[kind] = chosen
         if request.param:
             for table in (TABLE, SOURCE):
-                cursor.execute(f"ANALYZE {quote(table)}")
+                analyze = "ANALYZE TABLE" if connection.vendor == "mysql" else "ANALYZE"
+                cursor.execute(f"{analyze} {quote(table)}")
         else:
             forget_statistics()
     assert Execution.objects.count() == 2 * ROWS_PER_WORKER
@@ -128,14 +136,31 @@ def claim_statement(worker_name: str, limit: int) -> tuple[str, list[Any]]:
 
 
 def explain(worker_name: str, limit: int) -> Any:
-    """PostgreSQL: the plan tree (JSON). SQLite: the EXPLAIN QUERY PLAN detail lines."""
+    """PostgreSQL: the plan tree (JSON). SQLite: the EXPLAIN QUERY PLAN detail lines.
+    MariaDB/MySQL: EXPLAIN's rows as dicts."""
     sql, params = claim_statement(worker_name, limit)
+    return explain_sql(sql, params)
+
+
+def explain_sql(sql: str, params: Any) -> Any:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
             return cursor.fetchone()[0][0]["Plan"]
+        if connection.vendor == "mysql":
+            cursor.execute(f"EXPLAIN {sql}", params)
+            names = [c[0].lower() for c in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
         cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
         return [row[-1] for row in cursor.fetchall()]
+
+
+def mysql_rows(plan: Any, table: str) -> list[dict[str, Any]]:
+    """EXPLAIN's rows that read ``table`` (the source table also under the aliases Django
+    gives a subquery's tables: ``U0``...)."""
+    def reads(name: str) -> bool:
+        return name == table or (table == SOURCE and name[:1] == "U" and name[1:].isdigit())
+    return [row for row in plan if reads(row["table"] or "")]
 
 
 def walk(node: dict[str, Any], above: tuple[dict[str, Any], ...] = ()) -> Iterator[
@@ -153,7 +178,7 @@ def claim_index_scans(plan: Any) -> list[tuple[dict[str, Any], tuple[dict[str, A
 
 def describe(plan: Any) -> str:
     if isinstance(plan, list):
-        return "\n".join(plan)
+        return "\n".join(str(line) for line in plan)
     return "\n".join(
         "  " * len(above) + n["Node Type"] + (f" on {n['Relation Name']}"
                                               if "Relation Name" in n else "")
@@ -165,7 +190,16 @@ def describe(plan: Any) -> str:
 def assert_reads_only_by_index(plan: Any) -> None:
     """The claim index finds the candidates; nothing is read in full, not even the source
     table: its rows are fetched by primary key, one candidate at a time."""
-    if connection.vendor == "postgresql":
+    if connection.vendor == "mysql":
+        (execution,) = mysql_rows(plan, TABLE)
+        assert execution["key"] == INDEX, describe(plan)
+        assert execution["type"] in ("ref", "range"), describe(plan)
+        # No table or index is read in full; the source table by primary key only.
+        assert not any(row["type"] in ("ALL", "index") for row in plan), describe(plan)
+        sources = mysql_rows(plan, SOURCE)
+        assert sources, describe(plan)
+        assert all(row["key"] == "PRIMARY" for row in sources), describe(plan)
+    elif connection.vendor == "postgresql":
         assert claim_index_scans(plan), describe(plan)
         assert not any(n["Node Type"] == "Seq Scan" for n, _ in walk(plan)), describe(plan)
         source_scans = [n for n, _ in walk(plan) if n.get("Relation Name") == SOURCE]
@@ -193,6 +227,8 @@ def test_pk_ordered_claim_walks_the_claim_index_in_order(history, limit):
             describe(plan)
         )
         assert not any("Sort" in n["Node Type"] for n, _ in walk(plan)), describe(plan)
+    elif connection.vendor == "mysql":
+        assert not any("filesort" in (row["extra"] or "") for row in plan), describe(plan)
     else:
         assert not any("TEMP B-TREE" in line for line in plan), describe(plan)
 
@@ -226,7 +262,12 @@ def test_reaper_reads_only_the_working_index(history):
     own = store.Claimant()
     sql, params = store.expired(timezone.now(), connection.alias, own).query.sql_with_params()
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        if connection.vendor == "mysql":
+            plan = explain_sql(sql, params)
+            (scan,) = mysql_rows(plan, TABLE)
+            assert scan["key"] == "dbworker_execution_working", describe(plan)
+            assert scan["type"] in ("ref", "range"), describe(plan)
+        elif connection.vendor == "postgresql":
             cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
             plan = cursor.fetchone()[0][0]["Plan"]
             # An index scan, or (without statistics) a bitmap heap scan over a bitmap scan
@@ -277,6 +318,20 @@ def claimed_buffers(limit: int) -> tuple[int, Any]:
     return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"], plan
 
 
+def rows_read(limit: int) -> int:
+    """MariaDB/MySQL: the index entries and rows the claim's candidate statement reads (the
+    session's ``Handler_read_*`` counters around it; rolled back)."""
+    sql, params = claim_statement("touch", limit)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("FLUSH STATUS")
+        cursor.execute(sql, params)
+        assert len(cursor.fetchall()) == limit
+        cursor.execute("SHOW SESSION STATUS LIKE 'Handler_read%%'")
+        reads = sum(int(value) for _, value in cursor.fetchall())
+        transaction.set_rollback(True)
+    return reads
+
+
 @pytest.mark.parametrize("limit", [1, 33])
 def test_fresh_table_claim_walks_the_claim_index(fresh_units, limit):
     """All 5,000 units pending, no statistics: the claim index in order, no sort, no
@@ -285,6 +340,13 @@ def test_fresh_table_claim_walks_the_claim_index(fresh_units, limit):
     assert_reads_only_by_index(plan)
     if connection.vendor == "sqlite":
         assert not any("TEMP B-TREE" in line for line in plan), describe(plan)
+        return
+    if connection.vendor == "mysql":
+        assert not any("filesort" in (row["extra"] or "") for row in plan), describe(plan)
+        reads = rows_read(limit)
+        # Per unit: its claim index entry, its row, the source row by primary key; a
+        # scan would read all 5,000.
+        assert reads <= 10 + 5 * limit, reads
         return
     assert not any("Sort" in n["Node Type"] for n, _ in walk(plan)), describe(plan)
     buffers, analyzed = claimed_buffers(limit)
@@ -308,5 +370,7 @@ def test_fresh_table_claim_half_drained(fresh_units):
     if connection.vendor == "postgresql":
         buffers, analyzed = claimed_buffers(33)
         assert buffers <= 40 + 20 * 33, (buffers, describe(analyzed))
+    elif connection.vendor == "mysql":
+        assert rows_read(33) <= 10 + 5 * 33
     claims = store.claim(workers["touch"], 33, claimant, 30)
     assert [int(c.source_key) for c in claims] == fresh_units[done:done + 33]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from django.db import NotSupportedError, connection, connections, transaction
 from django.db.models import F, Func, JSONField
+from django.utils import timezone
 
 from django_dbworker import checks
 from django_dbworker.db import ENGINES, Engine, TransactionEnded, engine, engine_for
@@ -19,7 +20,7 @@ from django_dbworker.db.engine import Unsupported
 from django_dbworker.models import Execution, State, TaskRecord
 from django_dbworker.outcomes import Finished
 from django_dbworker.registry import workers
-from django_dbworker.rows import store
+from django_dbworker.rows import pending, store
 from django_dbworker.rows.store import Claimant
 from tests.testapp.models import Item
 from tests.testapp.tasks import add
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_engine_is_the_one_of_the_databases_vendor(vendor):
     assert engine() is engine("default") is engine_for(connection) is ENGINES[vendor]
     assert engine().vendor == vendor
-    assert set(ENGINES) == {"postgresql", "sqlite"}
+    assert set(ENGINES) == {"mysql", "postgresql", "sqlite"}
 
 
 @pytest.mark.parametrize("name", sorted(ENGINES))
@@ -131,10 +132,17 @@ def test_commit_counter_tells_another_connections_commit(vendor):
     try:
         with other.cursor() as cursor:
             cursor.execute("SELECT 1")
+        assert engine().commit_counter(connection) == counter  # a read changes nothing
+        # a new unit (MariaDB/MySQL's probe looks at what a claim would find new)
+        columns, values = pending.new_execution_sql(workers["touch"])
+        quote = other.ops.quote_name
+        now = Execution._meta.get_field("created_at").get_db_prep_save(timezone.now(), other)
+        row = ", ".join(v.format(key="'999999'", sort_key="999999", now="%s") for v in values)
         with other.cursor() as cursor:
-            table = other.ops.quote_name(Item._meta.db_table)
-            cursor.execute(f"INSERT INTO {table} (kind, action, enabled, rank, steps) "
-                           "VALUES ('touch', 'ok', 1, 0, 0)")
+            cursor.execute(
+                f"INSERT INTO {quote(Execution._meta.db_table)} "
+                f"({', '.join(quote(c) for c in columns)}) VALUES ({row})",
+                [now] * sum(v == "{now}" for v in values))
     finally:
         other.close()
     assert engine().commit_counter(connection) != counter
@@ -144,7 +152,7 @@ def test_capability_flags_are_what_each_database_does(vendor):
     e = engine()
     assert e.notifies == (vendor == "postgresql")
     assert e.commits_with_completion == (vendor == "postgresql")
-    assert e.watches_commits == (vendor == "sqlite")
+    assert e.watches_commits == (vendor in ("sqlite", "mysql"))
     assert e.checks_lease_on_record == (vendor != "sqlite")
     assert e.progress_in_handler_transaction == (vendor == "sqlite")
     assert (e.marker_sql is not None) == (vendor == "postgresql")

@@ -67,8 +67,9 @@ class TransactionCheck:
       selected with the source row (``annotations``) and returned by the fenced completion
       UPDATE. After a COMMIT through a cursor, psycopg opens a new transaction for that
       UPDATE, so a mismatch found after it is rolled back with everything else.
-    - elsewhere (SQLite: whether a transaction is open) it is read before the completion
-      UPDATE (after a COMMIT, that UPDATE would run and commit on its own).
+    - elsewhere (SQLite: whether a transaction is open; MariaDB/MySQL: a savepoint set at
+      the start, released before the completion) it is read before the completion UPDATE
+      (after a COMMIT, that UPDATE would run and commit on its own).
     """
 
     #: The annotation carrying the marker on the source row; removed before the handler runs.
@@ -91,7 +92,7 @@ class TransactionCheck:
         if self.NAME in vars(instance):
             self.begun = vars(instance).pop(self.NAME)
         else:
-            self.begun = self.engine.transaction_marker(connections[self.using])
+            self.begun = self.engine.mark_transaction(connections[self.using])
 
     def unchanged(self, marker: Any = _UNSET) -> bool:
         """Whether the transaction is still the one begun; ``marker``: as the completion

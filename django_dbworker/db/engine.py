@@ -204,6 +204,11 @@ class Engine:
         """A value that changes if the current transaction ends and another begins."""
         return None
 
+    def mark_transaction(self, connection: BaseDatabaseWrapper) -> Any:
+        """``transaction_marker`` at the start of a transactional handler's transaction
+        (where ``marker_sql`` is None): an engine may set a mark up here."""
+        return self.transaction_marker(connection)
+
     def complete(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
                  check: Any = None, final: bool = False) -> int:
         """Run a row's fenced completion ``sql``; the rows it changed (0: the claim is not

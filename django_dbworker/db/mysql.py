@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from django.core.checks import CheckMessage, Error, Warning
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .engine import Claim, Engine, RowTriggers, Trigger
@@ -27,6 +27,9 @@ RETRYABLE = {1213, 1205}
 
 #: ``v.<column>`` in ``update_from_values``' SQL.
 _V_COLUMN = re.compile(r"\bv\.(\w+)")
+
+#: The savepoint that marks a transactional handler's transaction.
+_MARK = "dbworker_transaction_mark"
 
 #: Oldest servers we run on: both have ``FOR UPDATE SKIP LOCKED``.
 MIN_MARIADB = (10, 6)
@@ -51,6 +54,29 @@ class MySQL(Engine):
 
     def setting_checks(self, alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
         return server_checks(alias, connection)
+
+    # ----- the transaction of a transactional handler ----------------------------------
+
+    def mark_transaction(self, connection: BaseDatabaseWrapper) -> Any:
+        """A savepoint of our own: a COMMIT or ROLLBACK the handler sends through a cursor
+        ends the transaction, and its savepoints with it. One statement."""
+        with connection.cursor() as cursor:
+            cursor.execute(f"SAVEPOINT {_MARK}")
+        mark = object()
+        connection._dbworker_mark = mark  # type: ignore[attr-defined]
+        return mark
+
+    def transaction_marker(self, connection: BaseDatabaseWrapper) -> Any:
+        """The mark ``mark_transaction`` returned while its savepoint lives (released here:
+        one statement), else a new value."""
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"RELEASE SAVEPOINT {_MARK}")
+        except DatabaseError as exc:
+            if _code(exc) != 1305:  # "SAVEPOINT ... does not exist"
+                raise
+            return object()
+        return getattr(connection, "_dbworker_mark", None)
 
     # ----- claims -----------------------------------------------------------------------
 
@@ -181,7 +207,7 @@ def _code(exc: BaseException) -> int | None:
 
 
 def server_checks(alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
-    """The server's version and the session's isolation level (E013, E014, W005)."""
+    """The server's version and the session's isolation level (E013, E014, W004)."""
     errors: list[CheckMessage] = []
     try:
         connection.ensure_connection()
@@ -189,16 +215,11 @@ def server_checks(alias: str, connection: BaseDatabaseWrapper) -> list[CheckMess
         version = connection.mysql_version  # type: ignore[attr-defined]
     except Exception:  # the database is down: other checks and commands will say so
         return []
-    oldest = MIN_MARIADB if mariadb else MIN_MYSQL
-    name = "MariaDB" if mariadb else "MySQL"
-    if tuple(version[:2]) < oldest:
+    problem = version_problem(mariadb, version)
+    if problem is not None:
         errors.append(Error(
-            f"DATABASES[{alias!r}] is {name} {'.'.join(map(str, version))}; django-dbworker "
-            f"needs {name} {'.'.join(map(str, oldest))} or later (FOR UPDATE SKIP LOCKED).",
-            hint=f"Upgrade the server to {name} {'.'.join(map(str, oldest))}+"
-                 + (" or MariaDB 10.6+." if not mariadb else "."),
-            id="django_dbworker.E013",
-        ))
+            f"DATABASES[{alias!r}] is {problem}", hint="Upgrade the server.",
+            id="django_dbworker.E013"))
     level = isolation_level(connection)
     if level in ("READ-UNCOMMITTED", "SERIALIZABLE"):
         errors.append(Error(
@@ -216,6 +237,16 @@ def server_checks(alias: str, connection: BaseDatabaseWrapper) -> list[CheckMess
             id="django_dbworker.W004",
         ))
     return errors
+
+
+def version_problem(mariadb: bool, version: Sequence[int]) -> str | None:
+    """What is wrong with a server of ``version`` (None: nothing)."""
+    oldest = MIN_MARIADB if mariadb else MIN_MYSQL
+    name = "MariaDB" if mariadb else "MySQL"
+    if tuple(version[:2]) >= oldest:
+        return None
+    return (f"{name} {'.'.join(map(str, version))}; django-dbworker needs {name} "
+            f"{'.'.join(map(str, oldest))} or later (FOR UPDATE SKIP LOCKED).")
 
 
 def isolation_level(connection: BaseDatabaseWrapper) -> str | None:

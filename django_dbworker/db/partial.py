@@ -20,7 +20,7 @@ from typing import Any
 
 from django.core import checks
 from django.db import migrations, models
-from django.db.models import F, Lookup, OrderBy, Q
+from django.db.models import F, Lookup, Q
 from django.db.models.expressions import Col
 
 #: Django's warnings about what a database lacks that these classes make up for.
@@ -51,8 +51,9 @@ class PartialIndex(models.Index):
 
     def __init__(self, *expressions: Any, flag: str, **kwargs: Any) -> None:
         super().__init__(*expressions, **kwargs)
-        if self.condition is None:
-            raise ValueError("PartialIndex needs a condition")
+        if self.condition is None or self.expressions:
+            raise ValueError("PartialIndex needs a condition, and fields (\"-name\": "
+                             "descending), not expressions")
         self.flag = flag
         self.field, self.states = condition_states(self.condition)
 
@@ -70,26 +71,11 @@ class PartialIndex(models.Index):
         if has_partial_indexes(connection):
             return super().create_sql(model, schema_editor, using=using, **kwargs)
         q = schema_editor.quote_name
-        parts = [q(self.flag)] + [self._part(model, e, q) for e in self._key_parts()]
+        parts = [q(self.flag)] + [
+            q(model._meta.get_field(name).column) + (" DESC" if order == "DESC" else "")
+            for name, order in self.fields_orders]
         return (f"CREATE INDEX {q(self.name)} ON {q(model._meta.db_table)} "
                 f"({', '.join(parts)})")
-
-    def _key_parts(self) -> list[Any]:
-        if self.expressions:
-            return list(self.expressions)
-        return [OrderBy(F(name), descending=order == "DESC")
-                for name, order in self.fields_orders]
-
-    @staticmethod
-    def _part(model: Any, expression: Any, quote: Any) -> str:
-        descending = False
-        if isinstance(expression, OrderBy):
-            descending = expression.descending
-            expression = expression.expression
-        if not isinstance(expression, F):
-            raise ValueError(f"PartialIndex key parts are fields, not {expression!r}")
-        column = model._meta.get_field(expression.name).column
-        return quote(column) + (" DESC" if descending else "")
 
 
 def flag_column_sql(model: Any, index: PartialIndex, quote: Any) -> str:
@@ -145,20 +131,20 @@ class InStates(Lookup):
         resolved.field_name, resolved.states = self.field_name, self.states
         return resolved
 
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         sql, params = compiler.compile(self.lhs)
         if len(self.states) == 1:
-            return f"{sql} = '{self.states[0]}'", list(params)
+            return f"{sql} = '{self.states[0]}'", tuple(params)
         names = ", ".join(f"'{state}'" for state in self.states)
-        return f"{sql} IN ({names})", list(params)
+        return f"{sql} IN ({names})", tuple(params)
 
-    def as_mysql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+    def as_mysql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         col = self.lhs
         if isinstance(col, Col):
             flag = flags(col.target.model).get((self.field_name, frozenset(self.states)))
             if flag is not None:
                 quote = compiler.quote_name
-                return f"{quote(col.alias)}.{quote(flag)} = 1", []
+                return f"{quote(col.alias)}.{quote(flag)} = 1", ()
         return self.as_sql(compiler, connection)
 
 
@@ -196,7 +182,7 @@ class UniqueUnlessNull(models.UniqueConstraint):
         return super().remove_sql(model, schema_editor)
 
 
-class KeyField(models.CharField):  # type: ignore[type-arg]
+class KeyField(models.CharField):
     """Text compared as keys: byte for byte on MariaDB/MySQL (``utf8mb4_bin``; their
     default collations would make ``'abc'`` and ``'ABC'`` one key), as text compares
     elsewhere."""

@@ -47,11 +47,11 @@ class Migration(migrations.Migration):
             ),
             migrations.AddIndex(
                 model_name='taskrecord',
-                index=django_dbworker.db.partial.PartialIndex(models.F('queue_name'), models.OrderBy(models.F('priority'), descending=True), models.F('available_at'), condition=models.Q(('status__in', ('READY', 'RETRYING'))), flag='dbworker_claimable', name='dbworker_task_claimable'),
+                index=django_dbworker.db.partial.PartialIndex(fields=['queue_name', '-priority', 'available_at'], condition=models.Q(('status__in', ('READY', 'RETRYING'))), flag='dbworker_claimable', name='dbworker_task_claimable'),
             ),
             migrations.AddIndex(
                 model_name='taskrecord',
-                index=django_dbworker.db.partial.PartialIndex(models.OrderBy(models.F('priority'), descending=True), models.F('available_at'), condition=models.Q(('status__in', ('READY', 'RETRYING'))), flag='dbworker_claimable', name='dbworker_task_claimable_any'),
+                index=django_dbworker.db.partial.PartialIndex(fields=['-priority', 'available_at'], condition=models.Q(('status__in', ('READY', 'RETRYING'))), flag='dbworker_claimable', name='dbworker_task_claimable_any'),
             ),
             migrations.AddIndex(
                 model_name='taskrecord',

@@ -79,7 +79,8 @@ class PkCast(Cast):
         sql, params = super().as_mysql(compiler, connection, **extra)
         if isinstance(self.output_field, models.CharField):
             field = pk_field(self.model)
-            collation = column_collation(connection, self.model._meta.db_table, field.column)
+            collation = column_collation(connection, self.model._meta.db_table,
+                                         cast(str, field.column))
             if collation:
                 sql = f"({sql} COLLATE {collation})"
         return sql, params
