@@ -92,8 +92,8 @@ def history(request: pytest.FixtureRequest) -> dict[str, list[int]]:
             cursor.execute(
                 f"INSERT INTO {quote(TABLE)} ({', '.join(columns)}) "
                 f"SELECT {', '.join(values)} FROM {quote(SOURCE)} WHERE kind = %s AND id NOT IN "
-                f"(SELECT sort_key FROM {quote(TABLE)} WHERE worker = %s)",
-                [*params, kind, kind],
+                f"({', '.join(str(pk) for pk in chosen)})",
+                [*params, kind],
             )
             waiting[kind] = chosen
         if request.param:
