@@ -72,11 +72,25 @@ def set_progress(percent: float, message: str | None = None) -> bool:
     side = _side_connection(using)
     table = side.ops.quote_name(model._meta.db_table)
     pk = model._meta.pk.get_db_prep_value(model._meta.pk.to_python(key), side)
-    with side.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET progress = %s, progress_message = %s WHERE id = %s",
-            [float(percent), text, pk],
-        )
+    visible = True
+    if main.in_atomic_block and engine_for(main).writes_wait_for_uncommitted_rows:
+        # A row only the caller's transaction wrote (a unit run inside a test's
+        # transaction): the side connection's UPDATE would wait for that transaction's
+        # lock on it, forever here. A plain read does not wait and does not see it.
+        with side.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s", [pk])
+            visible = cursor.fetchone() is not None
+    if visible:
+        with side.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET progress = %s, progress_message = %s WHERE id = %s",
+                [float(percent), text, pk],
+            )
+            visible = cursor.rowcount > 0
+    if not visible and main.in_atomic_block:
+        # Not committed yet, so only the caller's transaction can write it.
+        model.objects.using(using).filter(pk=key).update(progress=percent,
+                                                          progress_message=text)
     return True
 
 

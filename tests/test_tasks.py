@@ -467,6 +467,17 @@ def test_progress_is_recorded():
     assert result.progress == 50 and result.progress_message == "half way"
 
 
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.timeout(60)
+def test_progress_inside_a_tests_transaction_is_recorded_without_waiting():
+    """A test case's transaction holds the task's row uncommitted: another connection's
+    UPDATE of it would wait for that transaction on MariaDB/MySQL (forever, here)."""
+    result = tasks.with_progress.enqueue(0)
+    run_until_idle()
+    result.refresh()
+    assert result.progress == 50 and result.progress_message == "half way"
+
+
 def test_unknown_task_path_in_a_row_fails_cleanly():
     row = TaskRecord.objects.create(task_path="os.system", args=["echo hacked"])
     bad_module = TaskRecord.objects.create(task_path="tests.testapp.models.Item")

@@ -113,6 +113,9 @@ class Engine:
     #: ``set_progress()`` inside a transactional handler writes in the handler's own
     #: transaction (a side connection would wait for the write lock the handler holds).
     progress_in_handler_transaction: ClassVar[bool] = False
+    #: Another connection's UPDATE of a row a transaction inserted and has not committed
+    #: waits for that transaction (InnoDB) instead of not finding the row.
+    writes_wait_for_uncommitted_rows: ClassVar[bool] = False
 
     # ----- connections ------------------------------------------------------------------
 

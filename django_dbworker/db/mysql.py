@@ -39,6 +39,7 @@ MIN_MYSQL = (8, 0)
 class MySQL(Engine):
     vendor = "mysql"
     watches_commits: ClassVar[bool] = True
+    writes_wait_for_uncommitted_rows: ClassVar[bool] = True
 
     # ----- connections ------------------------------------------------------------------
 
