@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.inspect import get_func_args, is_module_level_function
 
 from . import conf
+from .db import refuse_unusable
 from .exceptions import InvalidTaskArguments
 from .tasks import registry as task_registry
 from .tasks.rates import parse_rate
@@ -219,6 +220,7 @@ class DBWorkerBackend(BaseTaskBackend):
         shared = newtasks.Shared.of(task)
         ids = newtasks.ids(shared, len(calls))
         using = conf.get().DATABASE
+        refuse_unusable(using)
         on_commit = getattr(task, "enqueue_on_commit", None)
         if on_commit is None:
             on_commit = self.enqueue_on_commit

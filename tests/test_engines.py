@@ -62,6 +62,18 @@ def test_a_database_without_an_engine_is_refused_by_a_check(vendor, monkeypatch)
     assert "postgresql" in errors[0].hint or "sqlite" in errors[0].hint
 
 
+def test_enqueueing_to_a_database_without_an_engine_stores_nothing(vendor, monkeypatch):
+    """A web process runs no system checks: enqueue() itself refuses, rather than store a
+    task no supervisor could ever claim."""
+    monkeypatch.delitem(ENGINES, vendor)
+    with pytest.raises(NotSupportedError, match=f"no engine for the database vendor '{vendor}'"):
+        add.enqueue(1, 2)
+    with pytest.raises(NotSupportedError, match="Nothing was enqueued"):
+        add.enqueue_many([((1, 2), {})])
+    monkeypatch.undo()
+    assert TaskRecord.objects.count() == 0
+
+
 def test_an_unsupported_engine_names_the_vendor_and_what_runs():
     with pytest.raises(NotSupportedError, match=r"'oracle'.*postgresql, sqlite"):
         Unsupported("oracle").json_append("worker_ids")

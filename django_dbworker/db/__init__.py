@@ -13,7 +13,7 @@ from .mysql import MySQL
 from .postgresql import PostgreSQL
 from .sqlite import SQLite
 
-__all__ = ["ENGINES", "Engine", "TransactionEnded", "engine", "engine_for"]
+__all__ = ["ENGINES", "Engine", "TransactionEnded", "engine", "engine_for", "refuse_unusable"]
 
 #: Django's ``connection.vendor`` -> our engine for it.
 ENGINES: dict[str, Engine] = {"mysql": MySQL(), "postgresql": PostgreSQL(), "sqlite": SQLite()}
@@ -33,3 +33,14 @@ def engine(using: str | None = None) -> Engine:
         using = conf.get().DATABASE
     # django.db.connections: our own submodule ``connections`` shadows the name here.
     return engine_for(django.db.connections[using])
+
+
+def refuse_unusable(using: str) -> None:
+    """``NotSupportedError`` when database ``using`` cannot run our queue at all (another
+    vendor, a server too old: ``Engine.problem``), before anything is stored."""
+    from django.db import NotSupportedError
+
+    connection = django.db.connections[using]
+    found = engine_for(connection).problem(connection)
+    if found is not None:
+        raise NotSupportedError(f"{found} Nothing was enqueued.")

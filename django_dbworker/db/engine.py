@@ -137,6 +137,11 @@ class Engine:
         if connection.connection is not None:
             self.on_connection_created(connection)
 
+    def problem(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Why this database cannot run our queue at all (None: it can). Enqueueing
+        refuses such a database, so no task is stored that could never run."""
+        return None
+
     def in_memory(self, connection: BaseDatabaseWrapper) -> bool:
         """Whether the database lives in one process's memory (other processes cannot see
         it)."""
@@ -370,6 +375,10 @@ class Unsupported(Engine):
 
     def __init__(self, vendor: str) -> None:
         self.vendor = vendor  # type: ignore[misc]
+
+    def problem(self, connection: BaseDatabaseWrapper) -> str | None:
+        return (f"django-dbworker has no engine for the database vendor {self.vendor!r}; "
+                f"it runs on {', '.join(sorted(supported()))} (check E012).")
 
     def unsupported(self, what: str) -> NotSupportedError:
         return NotSupportedError(

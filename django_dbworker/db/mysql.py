@@ -50,6 +50,12 @@ class MySQL(Engine):
             with connection.cursor() as cursor:
                 cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(seconds))}")
 
+    def problem(self, connection: BaseDatabaseWrapper) -> str | None:
+        """A server too old for ``SKIP LOCKED`` (check E013)."""
+        found = version_problem(connection.mysql_is_mariadb,  # type: ignore[attr-defined]
+                                connection.mysql_version)  # type: ignore[attr-defined]
+        return None if found is None else f"The database is {found} (check E013)"
+
     def session_lost(self, exc: BaseException) -> bool:
         return _code(exc) in LOST_SESSION
 
