@@ -5,7 +5,9 @@ INSERT adds a PENDING execution for every new row, whoever wrote it (``bulk_crea
 SQL, another program), and on PostgreSQL sends the NOTIFY ``post_save`` sends; AFTER DELETE
 removes the deleted rows' executions, except a running one (its handler forgets it). The
 engines write the SQL (``Engine.create_row_triggers``); this module names the triggers,
-describes them, and tells whether the installed ones are current.
+describes them, and tells whether the installed ones are current. Where ``CREATE TRIGGER``
+commits on its own (MariaDB, MySQL: ``features.can_rollback_ddl`` is False) ``install`` and
+``remove`` run outside a transaction and refuse to run inside one.
 
 Each trigger carries a comment with its worker and a fingerprint of the SQL it was created
 with: a change of the worker's table, key, columns, NOTIFY setting or of our SQL makes the
