@@ -112,14 +112,64 @@ def test_the_pass_over_new_rows_holds_its_plan_on_a_never_analyzed_table(vendor)
         _pass(sweeper)
     read = next(q["sql"] for q in queries if "testapp_item" in q["sql"]
                 and "ORDER BY" in q["sql"])
-    with connection.cursor() as cursor:
-        prefix = "EXPLAIN QUERY PLAN " if vendor == "sqlite" else "EXPLAIN "
-        cursor.execute(prefix + read)
-        plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+    if vendor == "mysql":
+        assert [(r["table"], r["type"], r["key"]) for r in _mysql_plan(read)] == [
+            ("testapp_item", "range", "PRIMARY")]
+        return
+    plan = _plan(read, vendor)
     if vendor == "sqlite":
         assert "USING INTEGER PRIMARY KEY" in plan and "SCAN" not in plan, plan
     else:
         assert "Index" in plan and "testapp_item_pkey" in plan and "Seq Scan" not in plan, plan
+
+
+def _plan(sql, vendor):
+    """The plan of ``sql`` as text: SQLite's detail lines, PostgreSQL's plan lines."""
+    with connection.cursor() as cursor:
+        cursor.execute(("EXPLAIN QUERY PLAN " if vendor == "sqlite" else "EXPLAIN ") + sql)
+        return " ".join(str(row[-1]) for row in cursor.fetchall())
+
+
+def _mysql_plan(sql):
+    """MariaDB's and MySQL's ``EXPLAIN`` of ``sql``: one dict a table access."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql)
+        names = [c[0].lower() for c in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def test_the_sweeps_statements_read_key_ranges_and_probe_per_row_on_mariadb(vendor):
+    """MariaDB and MySQL: every statement of a pass over new rows and of a full pass's
+    chunk reads the source table by a primary key range, and tells a row without a unit by
+    one lookup of the unique index per row (``eq_ref``), never by materializing the
+    worker's executions (its history) nor by a scan. The history here: 20,000 rows, each
+    with a FINISHED execution. Checked with ``EXPLAIN``, INSERT IGNORE ... SELECT too."""
+    if vendor != "mysql":
+        pytest.skip("MariaDB/MySQL plans (the others: the tests above)")
+    from django.test.utils import CaptureQueriesContext
+
+    old = Item.objects.bulk_create([Item() for _ in range(20_000)], batch_size=5000)
+    Execution.objects.bulk_create(
+        [Execution(worker="touch", source_id=str(i.pk), sort_key=i.pk, state=State.FINISHED)
+         for i in old], batch_size=5000)
+    sweeper = Sweeper(workers["touch"], batch=1000)
+    _pass(sweeper)
+    Item.objects.bulk_create([Item() for _ in range(5)])
+    with CaptureQueriesContext(connection) as queries:
+        assert sum(_pass(sweeper)) == 5
+        assert Sweeper(workers["touch"], batch=1000)._rows_chunk(old[5000].pk)[1] == 0
+    statements = [q["sql"] for q in queries if "testapp_item" in q["sql"]]
+    assert any(s.startswith("INSERT IGNORE") for s in statements), statements
+    assert len([s for s in statements if "NOT EXISTS" in s]) >= 3, statements
+    for sql in statements:
+        for access in _mysql_plan(sql):
+            table, how, key = access["table"], access["type"], access["key"]
+            assert how not in ("ALL", "index") and "MATERIALIZED" not in \
+                access["select_type"], (sql, access)
+            if table == "testapp_item":
+                assert (how, key) == ("range", "PRIMARY"), (sql, access)
+            elif table in ("U0", "django_dbworker_execution"):
+                assert (how, key) == ("eq_ref", "dbworker_execution_unique_unit"), (sql, access)
 
 
 def test_a_gap_below_the_watermark_is_looked_at_again_until_its_wait_is_over():
@@ -145,11 +195,12 @@ def test_a_gap_below_the_watermark_is_looked_at_again_until_its_wait_is_over():
     assert _state().full_ended_at > state.full_ended_at
 
 
-def test_a_row_committed_after_a_later_key_is_found_on_postgresql(vendor):
-    """Two writers on PostgreSQL: the first takes its key, the second commits a later
-    one, the pass moves the watermark past the first's key; it still finds its row."""
-    if vendor != "postgresql":
-        pytest.skip("concurrent writers: PostgreSQL (SQLite has one writer at a time)")
+def test_a_row_committed_after_a_later_key_is_found_with_concurrent_writers(vendor):
+    """Two writers (PostgreSQL, MariaDB/MySQL): the first takes its key, the second commits
+    a later one, the pass moves the watermark past the first's key; it still finds its
+    row."""
+    if vendor == "sqlite":
+        pytest.skip("concurrent writers (SQLite has one writer at a time)")
     import threading
 
     from django.db import connections, transaction
@@ -293,9 +344,13 @@ def test_an_orphan_range_reads_its_ids_not_the_workers_history(vendor):
     with CaptureQueriesContext(connection) as queries:
         sweeper._orphans_chunk(0)
     probe = next(q["sql"] for q in queries if "NOT" in q["sql"] and "EXISTS" in q["sql"])
-    with connection.cursor() as cursor:
-        cursor.execute(("EXPLAIN QUERY PLAN " if vendor == "sqlite" else "EXPLAIN ") + probe)
-        plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+    if vendor == "mysql":
+        plan = _mysql_plan(probe)
+        assert [(r["table"], r["type"], r["key"]) for r in plan[:1]] == [
+            ("django_dbworker_execution", "range", "PRIMARY")], plan
+        assert not any(r["key"] == "dbworker_execution_unique_unit" for r in plan), plan
+        return
+    plan = _plan(probe, vendor)
     assert "unique_unit" not in plan, plan
     assert ("INTEGER PRIMARY KEY" in plan) if vendor == "sqlite" else ("execution_pkey" in plan)
 

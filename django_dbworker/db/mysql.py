@@ -159,17 +159,17 @@ class MySQL(Engine):
             row = cursor.fetchone()
         return hash(tuple(row)) if row else None
 
-    # ----- triggers ---------------------------------------------------------------------
+    # ----- triggers (rows/triggers.py) ---------------------------------------------------
 
     def create_row_triggers(self, connection: BaseDatabaseWrapper,
                             triggers: RowTriggers) -> list[str]:
-        raise self.unsupported("database triggers")
+        return _row_trigger_sql(connection, triggers)
 
     def drop_row_trigger(self, connection: BaseDatabaseWrapper, trigger: Trigger) -> list[str]:
-        raise self.unsupported("database triggers")
+        return [f"DROP TRIGGER IF EXISTS {connection.ops.quote_name(trigger.name)}"]
 
     def row_triggers(self, connection: BaseDatabaseWrapper, prefix: str) -> list[Trigger]:
-        raise self.unsupported("database triggers")
+        return _row_triggers_found(connection, prefix)
 
 
 #: Waiting units and tasks the wake-up probe counts at most (each: an index range).
@@ -265,3 +265,64 @@ def isolation_level(connection: BaseDatabaseWrapper) -> str | None:
         row = cursor.fetchone()
     return str(row[0]).upper() if row else None
 
+
+# ----- triggers ---------------------------------------------------------------------------
+#
+# Row triggers (MySQL has no others): one INSERT IGNORE per new row, one pair of DELETEs per
+# deleted row. No NOTIFY here (``RowTriggers.notify`` is ignored): idle supervisors see the
+# new units through the wake-up probe (``commit_counter``). The mark is a comment in the
+# body, which both servers keep: ``information_schema.TRIGGERS.ACTION_STATEMENT`` gives the
+# body back as it was sent (checked on MariaDB 10.11). ``CREATE TRIGGER`` and ``DROP
+# TRIGGER`` commit the transaction they run in (``features.can_rollback_ddl`` is False):
+# ``rows/triggers.py`` runs them outside one.
+
+
+def _row_trigger_sql(connection: BaseDatabaseWrapper, triggers: RowTriggers) -> list[str]:
+    """``DROP TRIGGER IF EXISTS`` and ``CREATE TRIGGER ... FOR EACH ROW BEGIN ... END`` for
+    each event (a cursor sends a compound body as one statement: no DELIMITER).
+
+    The insert is ``INSERT IGNORE``: a row that has its execution already (``post_save``
+    adds one after the trigger, the sweep may race it) is skipped, never an error in the
+    writer's statement; the firing statement's own IGNORE or REPLACE does not reach it.
+    Keys are cast as ``Engine.key_text`` casts them; timestamps as Django writes them here
+    (``DATETIME(6)``, UTC with ``USE_TZ``; the session's time without)."""
+    q = connection.ops.quote_name
+    t = triggers
+    engine_key = MySQL().key_text
+    new_key, old_key = engine_key(f"NEW.{q(t.pk)}"), engine_key(f"OLD.{q(t.pk)}")
+    now = "NOW(6)" if t.local_time else "UTC_TIMESTAMP(6)"
+    values = ", ".join(v.format(key=new_key, now=now,
+                                sort_key=f"NEW.{q(t.pk)}" if t.integer_pk else "NULL")
+                       for v in t.values)
+    ex = q(t.executions)
+    insert = (f"INSERT IGNORE INTO {ex} ({', '.join(q(c) for c in t.columns)})\n"
+              f"  VALUES ({values});")
+    doomed = f"{q(t.key_column)} = {old_key} AND {t.mine} AND {t.deletable}"
+    # The dependents first: InnoDB checks their foreign key at once, not at commit. Joined
+    # with the doomed executions as a derived table, not ``IN (SELECT ...)``: a one-table
+    # DELETE gets no semi-join (MariaDB < 11.1), so the subquery would run for every row of
+    # the dependent table, a scan of its whole history per deleted source row.
+    delete = "\n  ".join(
+        [f"DELETE d FROM {q(table)} AS d JOIN (SELECT id FROM {ex} WHERE {doomed}) AS e "
+         f"ON d.{q(column)} = e.id;" for table, column in t.dependents]
+        + [f"DELETE FROM {ex} WHERE {doomed};"])
+    statements = []
+    for name, mark, body, event in ((t.insert_name, t.insert_mark, insert, "INSERT"),
+                                    (t.delete_name, t.delete_mark, delete, "DELETE")):
+        statements += [
+            f"DROP TRIGGER IF EXISTS {q(name)}",
+            f"CREATE TRIGGER {q(name)} AFTER {event} ON {q(t.table)} FOR EACH ROW "
+            f"BEGIN\n  /* {mark} */\n  {body}\nEND",
+        ]
+    return statements
+
+
+def _row_triggers_found(connection: BaseDatabaseWrapper, prefix: str) -> list[Trigger]:
+    """Our triggers in the connection's database (schema), from ``information_schema``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT TRIGGER_NAME, EVENT_OBJECT_TABLE, ACTION_STATEMENT "
+            "FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() "
+            "AND LEFT(TRIGGER_NAME, %s) = %s ORDER BY TRIGGER_NAME", [len(prefix), prefix])
+        return [Trigger(str(name), str(table), str(text))
+                for name, table, text in cursor.fetchall()]

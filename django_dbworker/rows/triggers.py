@@ -5,7 +5,9 @@ INSERT adds a PENDING execution for every new row, whoever wrote it (``bulk_crea
 SQL, another program), and on PostgreSQL sends the NOTIFY ``post_save`` sends; AFTER DELETE
 removes the deleted rows' executions, except a running one (its handler forgets it). The
 engines write the SQL (``Engine.create_row_triggers``); this module names the triggers,
-describes them, and tells whether the installed ones are current.
+describes them, and tells whether the installed ones are current. Where ``CREATE TRIGGER``
+commits on its own (MariaDB, MySQL: ``features.can_rollback_ddl`` is False) ``install`` and
+``remove`` run outside a transaction and refuse to run inside one.
 
 Each trigger carries a comment with its worker and a fingerprint of the SQL it was created
 with: a change of the worker's table, key, columns, NOTIFY setting or of our SQL makes the
@@ -14,6 +16,7 @@ installed triggers *stale*. They are not migrations: they depend on the register
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import re
@@ -253,18 +256,23 @@ def named(names: Iterable[str] | None, also: Iterable[str] = ()) -> list[str]:
 
 
 def install(using: str | None = None, workers: Iterable[str] | None = None) -> list[str]:
-    """Install (or replace stale) triggers of the named workers (default: all), in one
-    transaction; return the names whose triggers were written. Rows already in the table
-    are made pending (those without an execution) and executions of rows already gone
-    are removed, in the same transaction, which holds the table's writers back on
-    PostgreSQL (``CREATE TRIGGER``'s lock): no row falls between the two."""
+    """Install (or replace stale) triggers of the named workers (default: all); return the
+    names whose triggers were written. Rows already in the table are made pending (those
+    without an execution) and executions of rows already gone are removed, after the
+    triggers exist: no row falls between the two.
+
+    Where the database rolls DDL back (PostgreSQL, SQLite) it is all one transaction, which
+    holds the table's writers back on PostgreSQL (``CREATE TRIGGER``'s lock). On MariaDB and
+    MySQL each ``CREATE``/``DROP TRIGGER`` commits on its own (so ``install`` is refused
+    inside a transaction there): an install cut off midway leaves stale triggers, which
+    ``status`` shows and the next ``install`` replaces."""
     alias = _alias(using)
     chosen = [registry.workers[n] for n in named(workers)]
     plans = {w.name: _expected(w, alias) for w in chosen}  # refusals before any change
     connection = connections[alias]
     engine = engine_for(connection)
     written = []
-    with transaction.atomic(using=alias):
+    with _schema_change(alias, "install"):
         found = _found(alias)
         for worker in chosen:
             mine = found.get(worker.name, [])
@@ -277,7 +285,8 @@ def install(using: str | None = None, workers: Iterable[str] | None = None) -> l
                         cursor.execute(sql)
                 for sql in plans[worker.name].statements:
                     cursor.execute(sql)
-            _catch_up(worker, alias, timezone.now())
+            with transaction.atomic(using=alias):
+                _catch_up(worker, alias, timezone.now())
             written.append(worker.name)
         if written:
             notify.announce(alias, "rows")
@@ -286,12 +295,14 @@ def install(using: str | None = None, workers: Iterable[str] | None = None) -> l
 
 def remove(using: str | None = None, workers: Iterable[str] | None = None) -> list[str]:
     """Drop the triggers of the named workers (default: all of ours, those of workers no
-    longer registered too); return the names whose triggers were dropped."""
+    longer registered too); return the names whose triggers were dropped. One transaction
+    where DDL rolls back; on MariaDB and MySQL each drop commits (refused inside a
+    transaction there)."""
     alias = _alias(using)
     connection = connections[alias]
     engine = engine_for(connection)
     dropped = []
-    with transaction.atomic(using=alias):
+    with _schema_change(alias, "remove"):
         found = _found(alias)
         for name in named(workers, also=found):
             if not found.get(name):
@@ -302,6 +313,23 @@ def remove(using: str | None = None, workers: Iterable[str] | None = None) -> li
                         cursor.execute(sql)
             dropped.append(name)
     return dropped
+
+
+def _schema_change(using: str, action: str) -> contextlib.AbstractContextManager[Any]:
+    """The transaction ``install`` and ``remove`` run in: one for all their statements where
+    the database rolls DDL back; none where each ``CREATE``/``DROP TRIGGER`` commits the
+    transaction it runs in (MariaDB, MySQL), and refused inside one there: it would commit
+    the caller's work halfway and break its savepoints."""
+    connection = connections[using]
+    if connection.features.can_rollback_ddl:
+        return transaction.atomic(using=using)
+    if connection.in_atomic_block:
+        raise TriggerUnavailable(
+            f"Cannot {action} triggers inside a transaction on {connection.display_name}: "
+            "there CREATE TRIGGER and DROP TRIGGER commit the transaction they run in. "
+            f"Call triggers.{action}() outside transaction.atomic() (or run "
+            f"'manage.py dbworker triggers {action}').")
+    return contextlib.nullcontext()
 
 
 def _check_table(worker: Worker, table: str, using: str) -> None:
