@@ -96,6 +96,8 @@ def example_env(tmp_path: Path) -> Iterator[dict[str, str]]:
             yield env
         finally:
             pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            # and the example's test database, left behind when its runner was killed
+            pg_admin(f'DROP DATABASE IF EXISTS "test_{name}" WITH (FORCE)')
     elif DB == "mariadb":
         name = f"dbworker_example_{os.getpid()}"
         mysql_admin(f"DROP DATABASE IF EXISTS `{name}`")  # scripts/demo creates it
@@ -105,6 +107,7 @@ def example_env(tmp_path: Path) -> Iterator[dict[str, str]]:
             yield env
         finally:
             mysql_admin(f"DROP DATABASE IF EXISTS `{name}`")
+            mysql_admin(f"DROP DATABASE IF EXISTS `test_{name}`")
     else:
         env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'example.sqlite3'}"
         yield env
