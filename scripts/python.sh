@@ -4,7 +4,7 @@
 # `pip install -e ".[dev,example]"` of the current pyproject.toml (the example extra is
 # what example_project/ needs: scripts/demo runs it, scripts/test tests it). Afterwards
 # $ROOT is the project root, $VENV the virtualenv, $PY its python, and $VENV/bin is first
-# on PATH.
+# on PATH. _dbw_mysqlclient installs the MariaDB/MySQL driver when a script needs it.
 #
 # The interpreter is looked for in this order: $PYTHON; python3.14/3.13/3.12, python3 and
 # python on PATH; pyenv's installs ($(pyenv root)/versions/3.1[2-9]*). Set PYTHON to choose.
@@ -115,6 +115,41 @@ EOF
         fi
         printf '%s\n' "$wanted" >"$stamp"
     fi
+}
+
+# The MariaDB/MySQL driver, for scripts/test's MariaDB third and scripts/demo on mysql://:
+# true once `import MySQLdb` works in $PY. mysqlclient (the `mysql` extra) has no Linux
+# wheel: pip builds it against the client library's headers, found through pkg-config, so
+# those (Debian's pkg-config and libmariadb-dev) are installed with apt-get first when they
+# are missing and we are root. Not in the dev or example extras: scripts/demo on SQLite
+# must not depend on a C build. $1: a folder for the install logs (default: $VENV).
+_dbw_mysqlclient() {
+    local logs="${1:-$VENV}"
+    "$PY" -c "import MySQLdb" >/dev/null 2>&1 && return 0
+    _dbw_say "Installing django-dbworker[mysql] (mysqlclient, the MariaDB/MySQL driver) into .venv ..."
+    if ! pkg-config --exists libmariadb 2>/dev/null \
+            && ! pkg-config --exists mysqlclient 2>/dev/null; then
+        if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+            _dbw_say "  first pkg-config and libmariadb-dev with apt-get (mysqlclient is built against them) ..."
+            if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+                    apt-get install -y -qq pkg-config libmariadb-dev) \
+                    >"$logs/libmariadb-install.log" 2>&1; then
+                tail -n 20 "$logs/libmariadb-install.log" >&2
+                _dbw_say "warning: 'apt-get install pkg-config libmariadb-dev' failed (above)."
+            fi
+        else
+            _dbw_say "warning: pkg-config or libmariadb-dev is missing and this is not root with" \
+                "apt-get; mysqlclient will not build without them" \
+                "(sudo apt-get install pkg-config libmariadb-dev)."
+        fi
+    fi
+    if ! (cd "$ROOT" && "$PY" -m pip install --disable-pip-version-check -q -e ".[mysql]") \
+            >"$logs/mysqlclient-install.log" 2>&1; then
+        tail -n 20 "$logs/mysqlclient-install.log" >&2
+        _dbw_say "error: 'pip install -e \".[mysql]\"' failed; full log: $logs/mysqlclient-install.log"
+        return 1
+    fi
+    "$PY" -c "import MySQLdb" >/dev/null 2>&1
 }
 
 _dbw_setup || exit 1

@@ -1,6 +1,9 @@
-"""Settings of the example project: SQLite file by default, PostgreSQL via DATABASE_URL.
+"""Settings of the example project: SQLite file by default, PostgreSQL or MariaDB/MySQL via
+DATABASE_URL.
 
 DATABASE_URL=postgres://user:password@host:5432/name uses PostgreSQL instead;
+DATABASE_URL=mysql://user:password@host:3306/name MariaDB (>= 10.6) or MySQL (>= 8.0), through
+mysqlclient (the `mysql` extra; scripts/demo installs it and creates the database);
 DATABASE_URL=sqlite:////absolute/path.sqlite3 another SQLite file. MEDIA_ROOT=/path puts
 the uploads somewhere else than example_project/media/.
 """
@@ -58,7 +61,7 @@ TEMPLATES = [
 
 
 def database_from_url(url: str) -> dict:
-    """A DATABASES entry for a postgres:// or sqlite:/// URL (no extra dependency)."""
+    """A DATABASES entry for a postgres://, mysql:// or sqlite:/// URL (no extra dependency)."""
     parts = urlsplit(url)
     if parts.scheme in ("postgres", "postgresql"):
         return {
@@ -69,6 +72,19 @@ def database_from_url(url: str) -> dict:
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
         }
+    if parts.scheme == "mysql":
+        return {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": unquote(parts.path.lstrip("/")) or "dbworker_example",
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            # Four-byte UTF-8 (emoji in file names); Django's default isolation level there,
+            # READ COMMITTED, is the one django-dbworker needs (checks E014 and W004).
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+        }
     if parts.scheme == "sqlite":
         return {
             "ENGINE": "django.db.backends.sqlite3",
@@ -76,8 +92,8 @@ def database_from_url(url: str) -> dict:
             "OPTIONS": {"transaction_mode": "IMMEDIATE"},
         }
     raise ImproperlyConfigured(
-        f"DATABASE_URL={url!r}: use postgres://user:password@host:port/name or "
-        "sqlite:////absolute/path.sqlite3."
+        f"DATABASE_URL={url!r}: use postgres://user:password@host:port/name, "
+        "mysql://user:password@host:port/name or sqlite:////absolute/path.sqlite3."
     )
 
 
