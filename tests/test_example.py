@@ -260,15 +260,6 @@ def test_the_demo_stops_on_a_signal_to_its_own_pid(example_env: dict[str, str],
     assert not list(tmp.iterdir()), "the temporary folder is removed"
 
 
-# A product bug, not the example's: inside a test's transaction (run_until_idle in a
-# TestCase), set_progress() writes through a connection of its own, and on MariaDB that
-# UPDATE waits for the row lock the test's transaction holds on the execution it claimed
-# (innodb_lock_wait_timeout, 50 s, per call of compare_images): the run outlives 170 s.
-# With progress written in the handler's transaction all 19 tests pass in about 7 s.
-# strict: once django_dbworker/progress.py is fixed this fails until the mark is removed.
-@pytest.mark.xfail(DB == "mariadb", strict=True, raises=subprocess.TimeoutExpired,
-                   reason="MariaDB: set_progress() inside a TestCase waits on the test "
-                          "transaction's row lock (django_dbworker/progress.py)")
 def test_the_examples_own_tests(example_env: dict[str, str]) -> None:
     done = subprocess.run([sys.executable, "manage.py", "test", "images", "--noinput"],
                           cwd=EXAMPLE, env=example_env, capture_output=True, text=True,
