@@ -75,8 +75,13 @@ def _wait_until_done(supervisors) -> None:
 
 
 def _terminator():
-    """PostgreSQL: a function that terminates every other connection to the test database
-    (on a connection of its own: the killer runs in a thread)."""
+    """A function that terminates every other connection to the test database (on a
+    connection of its own: the killer runs in a thread): PostgreSQL's
+    ``pg_terminate_backend``, MariaDB's ``KILL CONNECTION``; None on SQLite."""
+    if connection.vendor == "mysql":
+        return _mariadb_terminator()
+    if connection.vendor != "postgresql":
+        return None
     import psycopg
 
     connection.ensure_connection()
@@ -96,9 +101,37 @@ def _terminator():
     return terminate
 
 
+def _mariadb_terminator():
+    import MySQLdb
+
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        (ours,) = cursor.fetchone()
+    s = connection.settings_dict
+
+    def terminate() -> int:
+        own = MySQLdb.connect(host=s["HOST"] or "127.0.0.1", port=int(s["PORT"] or 3306),
+                              user=s["USER"], password=s["PASSWORD"], database=s["NAME"])
+        try:
+            cursor = own.cursor()
+            cursor.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = DATABASE() "
+                           "AND ID NOT IN (CONNECTION_ID(), %s)", (ours,))
+            killed = 0
+            for (thread,) in cursor.fetchall():
+                with contextlib.suppress(MySQLdb.OperationalError):  # 1094: ended meanwhile
+                    cursor.execute(f"KILL CONNECTION {int(thread)}")
+                    killed += 1
+            return killed
+        finally:
+            own.close()
+
+    return terminate
+
+
 class Killer(threading.Thread):
     """Every 1-2 s: kill -9 a random child, or a supervisor (alone or with its children)
-    and start a new one in its place, or (PostgreSQL) terminate every connection."""
+    and start a new one in its place, or (PostgreSQL, MariaDB) terminate every connection."""
 
     def __init__(self, start_supervisor, supervisors, seed: int,
                  terminate=None) -> None:
@@ -150,7 +183,7 @@ def test_chaos_soak_exactly_one_effect_per_unit(runworkers):
     rows = UNITS // 2
     # Some handlers take 0.2 s so that kills land mid-transaction. SQLite runs one write
     # transaction at a time, so there fewer of them are slow.
-    slow_pct = 30 if connection.vendor == "postgresql" else 5
+    slow_pct = 5 if connection.vendor == "sqlite" else 30
     Item.objects.bulk_create(Item(action=f"sleep_pct:{slow_pct}") for _ in range(rows))
     for start in range(0, UNITS - rows, 1000):
         tasks.chaos_effect.enqueue_many(
@@ -174,7 +207,7 @@ def test_chaos_soak_exactly_one_effect_per_unit(runworkers):
     supervisors = [start_supervisor() for _ in range(SUPERVISORS)]
     started = time.monotonic()
     killer = Killer(start_supervisor, supervisors, seed=int(os.environ.get("SOAK_SEED", "7")),
-                    terminate=_terminator() if connection.vendor == "postgresql" else None)
+                    terminate=_terminator())
     killer.start()
     try:
         deadline = started + KILL_SECONDS

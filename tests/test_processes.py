@@ -1,4 +1,5 @@
-"""Real ``runworkers`` processes, real signals, against the test database (SQLite or PostgreSQL).
+"""Real ``runworkers`` processes, real signals, against the test database (SQLite,
+PostgreSQL or MariaDB).
 
 Each test starts supervisors with the ``runworkers`` fixture and waits on conditions it polls
 in the database (``wait_for``), never on fixed sleeps. Handlers are driven by ``Item.action``
@@ -49,6 +50,14 @@ def handler_in_transaction() -> bool:
                 "AND pid <> pg_backend_pid() AND state = 'idle in transaction' "
                 "AND backend_xid IS NOT NULL"
             )
+            return cursor.fetchone()[0] > 0
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.INNODB_TRX t "
+                "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                "WHERE p.DB = DATABASE() AND p.ID <> CONNECTION_ID() "
+                "AND p.COMMAND = 'Sleep' AND t.trx_rows_modified > 0")
             return cursor.fetchone()[0] > 0
     probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0, isolation_level=None)
     try:

@@ -161,12 +161,30 @@ def slow_claim_running(mark) -> bool:
                 "AND pid <> pg_backend_pid() AND state = 'active' "
                 "AND query LIKE '%%pg_sleep%%'")
             return cursor.fetchone()[0] > 0
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() "
+                "AND ID <> CONNECTION_ID() AND COMMAND = 'Query' "
+                "AND INFO LIKE 'DO SLEEP(%%'")  # the statement pg_sleep() runs now
+            return cursor.fetchone()[0] > 0
     return mark.exists()
+
+
+def mariadb_pg_sleep() -> None:
+    """MariaDB: ``pg_sleep(seconds)`` as a stored function of the test database (0 after
+    ``SLEEP``), so ``slow_eligible``'s queryset sleeps in the server there too."""
+    with connection.cursor() as cursor:
+        cursor.execute("DROP FUNCTION IF EXISTS pg_sleep")
+        cursor.execute("CREATE FUNCTION pg_sleep(seconds DOUBLE) RETURNS INT "
+                       "NOT DETERMINISTIC NO SQL BEGIN DO SLEEP(seconds); RETURN 0; END")
 
 
 @pytest.mark.processes
 @pytest.mark.processes
 def test_a_slow_claim_does_not_delay_renewals(runworkers, tmp_path):
+    if connection.vendor == "mysql":
+        mariadb_pg_sleep()
     item = Item.objects.create(kind="ahead", action=f"sleep:{4 * LEASE}")
     mark = tmp_path / "slept"
     rw = runworkers("--worker", "ahead", "--worker", "slow_eligible", "--concurrency", "2",
@@ -179,9 +197,10 @@ def test_a_slow_claim_does_not_delay_renewals(runworkers, tmp_path):
     wait_for(lambda: slow_claim_running(mark), what="a claim sleeping in the database")
     lapsed = 0.0  # the longest the lease was seen expired while the unit ran
     while (row := unit.get()).state == State.WORKING:  # the handler sleeps 4 leases
-        if connection.vendor == "postgresql" and row.lease_expires_at < timezone.now():
+        if connection.vendor != "sqlite" and row.lease_expires_at < timezone.now():
             # SQLite: the sleeping claim holds the only write lock, so no renewal can be
-            # written meanwhile (nor can anyone reap); PostgreSQL renews beside it.
+            # written meanwhile (nor can anyone reap); PostgreSQL and MariaDB renew beside
+            # it.
             lapsed = max(lapsed, (timezone.now() - row.lease_expires_at).total_seconds())
         assert rw.process.poll() is None, rw.output()
     out = rw.output()

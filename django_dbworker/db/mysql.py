@@ -59,6 +59,12 @@ class MySQL(Engine):
     def session_lost(self, exc: BaseException) -> bool:
         return _code(exc) in LOST_SESSION
 
+    def transient(self, exc: BaseException) -> bool:
+        """A deadlock (the server rolled the transaction back) or a lock wait timeout (the
+        statement): nothing the unit's values cause; the transaction may run again
+        (``supervisor.units.transient``)."""
+        return _code(exc) in RETRYABLE
+
     def setting_checks(self, alias: str, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
         return server_checks(alias, connection)
 

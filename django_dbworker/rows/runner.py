@@ -55,6 +55,8 @@ def run(c: Claim) -> Result:
     except (OperationalError, InterfaceError) as exc:
         if not connected(conf.get().DATABASE, raw):
             raise  # the database is unreachable: the caller reconnects; the lease expires
+        if _transient(exc):
+            raise  # a deadlock rolled it all back: not the unit's fault; it goes back
         return _record_failure(c, exc, started)
     except BaseException as exc:
         if engine().session_lost(exc):
@@ -64,6 +66,13 @@ def run(c: Claim) -> Result:
         pending.running.reset(token)
         progress.current.reset(unit)
     return _result(c, outcome, started)
+
+
+def _transient(exc: BaseException) -> bool:
+    """A deadlock or lock wait timeout that the engine says may simply run again
+    (MariaDB/MySQL: ``db.mysql.RETRYABLE``); the child gives the unit back."""
+    check = getattr(engine(), "transient", None)
+    return bool(check is not None and check(exc))
 
 
 def _context(worker: Worker, c: Claim) -> Context:

@@ -42,6 +42,9 @@ from .wakeups import Commits, Listener
 CHILD_DIED = "django_dbworker.exceptions.ChildProcessDied"
 #: Seconds a worker whose claim or sweep raised is left alone before it is tried again.
 BROKEN_WORKER_PAUSE = 30.0
+#: Seconds before a claim that lost to another transaction (a deadlock, a lock wait timed
+#: out: ``units.transient``) runs again; the source is not paused for it.
+TRANSIENT_CLAIM_RETRY = 0.05
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +85,8 @@ class Supervisor:
         self._last_claim = 0.0
         self._rotation = 0
         self._broken: dict[str, float] = {}
+        #: A claim of this round failed with a transient error: claimed again soon.
+        self._claims_deferred = False
         self._wake_r, self._wake_w = socket.socketpair()
         self.listener = Listener(self.using)
         self.commits = Commits(self.using)
@@ -184,6 +189,8 @@ class Supervisor:
             self.progress.show()
             room = any(self._room(ch) for ch in self.children)
             timeout = 0.0 if (claimed and room) or last_round else self._idle_timeout()
+            if self._claims_deferred:
+                timeout = min(timeout, TRANSIENT_CLAIM_RETRY)
             self._wait(timeout)
 
     # ----- claims and dispatch ------------------------------------------------------
@@ -238,6 +245,7 @@ class Supervisor:
         keeps going).
         """
         now = time.monotonic()
+        self._claims_deferred = False
         self._unstick(now)
         room = self._feed()
         self._give_back(self.prefetch.expired(now))
@@ -270,6 +278,8 @@ class Supervisor:
                 break
         if claimed:
             self._last_claim = time.monotonic()
+        elif self._claims_deferred:
+            return None  # nothing is known about what is claimable: --burst goes on
         return claimed
 
     def _announced_for(self, source: Worker | None) -> bool:
@@ -326,6 +336,12 @@ class Supervisor:
                 return []
             return list(store.claim(source, room, self.claimant, self.config.LEASE_SECONDS))
         except Exception as exc:  # one bad source stops only itself
+            if units.transient(exc):  # another transaction's locks: not the source's fault
+                self._claims_deferred = True
+                log_event(logging.INFO, "claim_retried", source=name,
+                          error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+                          retry_in=TRANSIENT_CLAIM_RETRY)
+                return []
             self._broken_source(name, exc)
             return []
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from django.db import DatabaseError, OperationalError
 
+from ..db import engine
 from ..logs import log_event, logger
 from ..rows import store
 from ..rows.store import Claimant, FailureInfo
@@ -106,14 +107,19 @@ def fail(c: Unit, info: FailureInfo) -> int:
 
 def transient(exc: BaseException) -> bool:
     """A database error no unit's value causes: SQLite's write lock still held after its
-    busy timeout, a deadlock or serialization failure (PostgreSQL's class 40)."""
+    busy timeout, a deadlock or serialization failure (PostgreSQL's class 40), MariaDB's
+    and MySQL's deadlock or lock wait timeout (the engine's ``transient``, where it has
+    one)."""
     if not isinstance(exc, OperationalError):
         return False
     text = store.safe_message(exc)
     cause = exc.__cause__
     state = getattr(cause, "sqlstate", None) or ""
-    return "database is locked" in text or "database table is locked" in text \
-        or state.startswith("40")
+    if "database is locked" in text or "database table is locked" in text \
+            or state.startswith("40"):
+        return True
+    of_engine = getattr(engine(), "transient", None)
+    return bool(of_engine is not None and of_engine(exc))
 
 
 def fallback(c: Unit, exc: BaseException) -> FailureInfo:

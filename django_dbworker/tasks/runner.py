@@ -19,6 +19,7 @@ from django.utils.module_loading import import_string
 
 from .. import conf, progress
 from ..backend import DBWorkerTask
+from ..db import engine
 from ..db.connections import connected
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..logs import log_event
@@ -36,6 +37,9 @@ logger = logging.getLogger("django_dbworker")
 
 SUCCESSFUL, RETRYING = RunOutcome.SUCCESSFUL, RunOutcome.RETRYING
 FAILED, LOST = RunOutcome.FAILED, RunOutcome.LEASE_LOST
+
+#: How many times a task's status change runs when it loses to another transaction.
+RECORD_TRIES = 4
 LOST_WHY = ("cancelled, taken over, or its lease expired (its supervisor could not renew "
             "it) before it finished; not recorded")
 
@@ -91,7 +95,7 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
             keep(Kept(c, value, finished, after))
             return None
         with recording("its return value"):
-            recorded = taskstore.succeed(c, value, at=finished)
+            recorded = _retried(lambda: taskstore.succeed(c, value, at=finished))
         return after(bool(recorded))
     finally:
         progress.current.reset(token)
@@ -100,7 +104,7 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
 def _unrunnable(c: TaskClaim, info: FailureInfo, started: float) -> Result:
     """The task cannot even start (its function or its row is wrong): FAILED, no retry."""
     with recording("the reason it cannot run"):
-        changed = taskstore.fail_attempt(c, info, retry_at=None, live=True)
+        changed = _retried(lambda: taskstore.fail_attempt(c, info, retry_at=None, live=True))
     return _result(c, FAILED if changed else LOST, started, info.message,
                    level=logging.ERROR)
 
@@ -160,7 +164,8 @@ def _failed(task: Any, c: TaskClaim, exc: BaseException, started: float) -> Resu
     if isinstance(task, DBWorkerTask) and retry.should_retry(task, c.attempt, exc):
         retry_at = retry.at(timezone.now(), retry.delay(task, c.attempt))
     with recording("its failure"):
-        recorded = taskstore.fail_attempt(c, info, retry_at=retry_at, live=True)
+        recorded = _retried(
+            lambda: taskstore.fail_attempt(c, info, retry_at=retry_at, live=True))
     if not recorded:
         return _result(c, LOST, started, LOST_WHY)
     message = f"{info.exception_class}: {info.message}"
@@ -182,11 +187,29 @@ def record_stopped(task_path: str, c: TaskClaim, info: FailureInfo, *,
     if (status == TaskStatus.FAILED and isinstance(task, DBWorkerTask)
             and c.attempt <= task.retries and _matches(task, info.exception_class)):
         retry_at = retry.at(timezone.now(), retry.delay(task, c.attempt))
-    changed = taskstore.fail_attempt(c, info, retry_at=retry_at, status=status)
+    changed = _retried(lambda: taskstore.fail_attempt(c, info, retry_at=retry_at, status=status))
     if changed and retry_at is None and task is not None:
         _callback(task, "on_failure", c, None)
         _finished_signal(task, c)
     return changed
+
+
+def _retried(record: Callable[[], int]) -> int:
+    """``record()`` (a status change fenced by the claim's token: safe to run again), again
+    after a deadlock or a lock wait timeout that the engine calls transient (MariaDB and
+    MySQL: ``db.mysql.RETRYABLE``; the server rolled it back), up to ``RECORD_TRIES``
+    times; not inside a caller's transaction, which the deadlock ended too."""
+    using = conf.get().DATABASE
+    for attempt in range(1, RECORD_TRIES + 1):
+        try:
+            return record()
+        except OperationalError as exc:
+            check = getattr(engine(using), "transient", None)
+            if (attempt == RECORD_TRIES or check is None or not check(exc)
+                    or connections[using].in_atomic_block):
+                raise
+            time.sleep(0.005 * attempt)
+    raise AssertionError("unreachable")
 
 
 def _matches(task: DBWorkerTask, exception_class: str) -> bool:
