@@ -375,10 +375,6 @@ def test_supervisor_whose_renewals_fail_stops_its_childrens_commits(runworkers, 
         pytest.skip("SQLite: renewals wait behind a running handler's write lock, so a lapsed "
                     "lease is not checked there (test_processes.py::"
                     "test_paused_supervisor_on_sqlite_keeps_its_unit)")
-    if vendor == "mysql":
-        pytest.skip("tests/testapp/faults.py injects into renewals by their SQL text with "
-                    "PostgreSQL's and SQLite's quotes (\"lease_expires_at\"); MariaDB's are "
-                    "backticks")
     renewals_fail, go = tmp_path / "renewals_fail", tmp_path / "go"
     item = Item.objects.create(action=f"wait_file:{go}")
     result = tasks.wait_file.enqueue(1, str(go))

@@ -156,6 +156,12 @@ class Engine:
         the unit goes back and the process opens a new session)."""
         return False
 
+    def transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is an error of this database that the same statements may simply
+        meet no more if run again (a deadlock, a lock wait timeout), beyond those every
+        engine shares (``supervisor.units.transient``)."""
+        return False
+
     def set_table_storage(self, schema_editor: Any, tables: Sequence[str],
                           parameters: dict[str, Any]) -> None:
         """Storage parameters for the tables whose rows churn all day (migration 0004):

@@ -71,8 +71,7 @@ def run(c: Claim) -> Result:
 def _transient(exc: BaseException) -> bool:
     """A deadlock or lock wait timeout that the engine says may simply run again
     (MariaDB/MySQL: ``db.mysql.RETRYABLE``); the child gives the unit back."""
-    check = getattr(engine(), "transient", None)
-    return bool(check is not None and check(exc))
+    return engine().transient(exc)
 
 
 def _context(worker: Worker, c: Claim) -> Context:

@@ -118,8 +118,7 @@ def transient(exc: BaseException) -> bool:
     if "database is locked" in text or "database table is locked" in text \
             or state.startswith("40"):
         return True
-    of_engine = getattr(engine(), "transient", None)
-    return bool(of_engine is not None and of_engine(exc))
+    return engine().transient(exc)
 
 
 def fallback(c: Unit, exc: BaseException) -> FailureInfo:

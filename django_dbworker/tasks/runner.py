@@ -204,8 +204,7 @@ def _retried(record: Callable[[], int]) -> int:
         try:
             return record()
         except OperationalError as exc:
-            check = getattr(engine(using), "transient", None)
-            if (attempt == RECORD_TRIES or check is None or not check(exc)
+            if (attempt == RECORD_TRIES or not engine(using).transient(exc)
                     or connections[using].in_atomic_block):
                 raise
             time.sleep(0.005 * attempt)
