@@ -282,7 +282,8 @@ def _kind(frames: list[str]) -> str:
     text = ";".join(frames)
     if "multiprocessing/connection.py" in frames[-1] or "selectors.py" in frames[-1]:
         return "idle: waiting on a pipe / select"
-    if "psycopg/" in text or "SQLiteCursorWrapper.execute" in text or "._commit (" in text:
+    if ("psycopg/" in text or "MySQLdb/" in text or "SQLiteCursorWrapper.execute" in text
+            or "._commit (" in text):
         return "in the database driver (statement, commit, round trip)"
     if "fork" in text and "child.py" not in text:
         return "starting children"
