@@ -1,4 +1,5 @@
-"""Django settings for the benchmarks: BENCH_DB=postgres|sqlite, BENCH_DB_NAME=<name or path>.
+"""Django settings for the benchmarks: BENCH_DB=postgres|sqlite|mariadb,
+BENCH_DB_NAME=<name or path>.
 
 The scripts set these variables for themselves and for the ``runworkers`` they start.
 BENCH_DB_NAME_LARGE, if set, is a second database of the same kind, the alias ``large``.
@@ -36,8 +37,22 @@ elif DB == "sqlite":
         }
         for alias, name in NAMES.items() if name or alias == "default"
     }
+elif DB == "mariadb":
+    # As tests/settings.py: MariaDB at 127.0.0.1:3306, root, empty password; mysqlclient.
+    DATABASES = {
+        alias: {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": name,
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+        for alias, name in NAMES.items() if name or alias == "default"
+    }
 else:
-    raise RuntimeError(f"BENCH_DB={DB!r}: use 'postgres' or 'sqlite'.")
+    raise RuntimeError(f"BENCH_DB={DB!r}: use 'postgres', 'sqlite' or 'mariadb'.")
 
 #: The claim_cost benchmark switches DATABASE between "default" and "large".
 DBWORKER = {"DATABASE": "default", "LEASE_SECONDS": 60.0}

@@ -26,10 +26,22 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
-DATABASES = ("postgres", "sqlite")
+DATABASES = ("postgres", "sqlite", "mariadb")
+#: ``--db`` of the scripts: one database, ``all`` (the default) or ``both`` (PostgreSQL and
+#: SQLite, what ``both`` meant before MariaDB came: kept for old command lines).
+DB_CHOICES = (*DATABASES, "all", "both")
 ROW_TABLE = "benchapp_row"  # benchapp.Row: the claim_cost workers' source, with "priority"
 JOB_TABLE = "benchapp_job"  # benchapp.Job: the throughput worker's source
 EXECUTION_TABLE = "django_dbworker_execution"
+
+
+def chosen(db: str) -> tuple[str, ...]:
+    """The databases a script's ``--db`` names."""
+    if db == "all":
+        return DATABASES
+    if db == "both":
+        return ("postgres", "sqlite")
+    return (db,)
 
 
 def pg_connect_kwargs() -> dict[str, Any]:
@@ -40,12 +52,36 @@ def pg_connect_kwargs() -> dict[str, Any]:
     }
 
 
+def mysql_connect_kwargs() -> dict[str, Any]:
+    """MariaDB as the test suite reaches it: 127.0.0.1:3306, root, empty password."""
+    return {
+        "host": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+        "port": int(os.environ.get("MYSQL_PORT", "3306")),
+        "user": os.environ.get("MYSQL_USER", "root"),
+        "password": os.environ.get("MYSQL_PASSWORD", ""),
+        "charset": "utf8mb4",
+    }
+
+
+def mysql_server(sql: str) -> Any:
+    """Run one statement on the MariaDB server (no database selected); its first row."""
+    import MySQLdb
+
+    c = MySQLdb.connect(**mysql_connect_kwargs())
+    try:
+        cursor = c.cursor()
+        cursor.execute(sql)
+        return cursor.fetchone()
+    finally:
+        c.close()
+
+
 @contextmanager
 def scratch_database(db: str, tag: str = "") -> Iterator[str]:
     """A fresh, empty database for this process; yields its NAME; removes it afterwards.
 
-    PostgreSQL: ``dbworker_bench_<pid>[_<tag>]``, created and dropped here. SQLite: a file
-    in a temporary folder.
+    PostgreSQL and MariaDB: ``dbworker_bench_<pid>[_<tag>]``, created and dropped here
+    (MariaDB: ``CHARACTER SET utf8mb4``). SQLite: a file in a temporary folder.
     """
     suffix = f"_{tag}" if tag else ""
     if db == "postgres":
@@ -64,6 +100,19 @@ def scratch_database(db: str, tag: str = "") -> Iterator[str]:
             with psycopg.connect(dbname="postgres", autocommit=True,
                                  **pg_connect_kwargs()) as c:
                 c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    elif db == "mariadb":
+        name = f"dbworker_bench_{os.getpid()}{suffix}"
+        mysql_server(f"DROP DATABASE IF EXISTS `{name}`")
+        mysql_server(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 "
+                     "COLLATE utf8mb4_unicode_ci")
+        try:
+            yield name
+        finally:
+            if "django" in sys.modules:
+                from django.db import connections
+
+                connections.close_all()
+            mysql_server(f"DROP DATABASE IF EXISTS `{name}`")
     else:
         folder = tempfile.mkdtemp(prefix="dbworker_bench_")
         try:
@@ -134,7 +183,8 @@ def use_database(alias: str) -> None:
 def load_rows(size: int, using: str = "default", table: str = ROW_TABLE) -> None:
     """Empty our tables, then insert ``size`` source rows (ids 1..size) into ``table``, fast.
 
-    PostgreSQL: one INSERT ... SELECT over generate_series. SQLite: executemany in one
+    PostgreSQL: one INSERT ... SELECT over generate_series. MariaDB: one INSERT ... SELECT
+    from the sequence engine's ``seq_1_to_<size>``. SQLite: executemany in one
     transaction. Rows get a payload and (``benchapp_row``) a scattered ``priority``.
     """
     from django.db import connections, transaction
@@ -152,6 +202,16 @@ def load_rows(size: int, using: str = "default", table: str = ROW_TABLE) -> None
                 "FROM generate_series(1, %s) i",
                 [size],
             )
+            return
+        if connection.vendor == "mysql":
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
+            for name in everything:
+                cursor.execute(f"TRUNCATE TABLE {name}")
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 1")
+            values = "seq, MOD(seq * 7919, 1000003)" if priority else "seq"
+            if size:
+                cursor.execute(f"INSERT INTO {table} ({columns}) SELECT {values}, "
+                               f"CONCAT('payload ', seq) FROM seq_1_to_{int(size)}")
             return
         with transaction.atomic(using=using):
             for name in everything:
@@ -176,6 +236,8 @@ def load_tasks(task_path: str, size: int, using: str = "default") -> None:
         table = TaskRecord._meta.db_table
         if connection.vendor == "postgresql":
             cursor.execute(f"TRUNCATE {table}")
+        elif connection.vendor == "mysql":
+            cursor.execute(f"TRUNCATE TABLE {table}")
         else:
             cursor.execute(f"DELETE FROM {table}")
     if size:
@@ -221,7 +283,8 @@ def execution_select(connection: Any,
             continue
         columns.append(connection.ops.quote_name(field.column))
         if field.name == "source_id":
-            expressions.append("CAST(id AS varchar(255))")
+            expressions.append("CAST(id AS CHAR)" if connection.vendor == "mysql"
+                               else "CAST(id AS varchar(255))")
         elif field.name == "sort_key":
             expressions.append("id")
         else:
@@ -232,7 +295,8 @@ def execution_select(connection: Any,
 
 
 def analyze(using: str = "default", source: str = ROW_TABLE) -> None:
-    """Fresh planner statistics (PostgreSQL: VACUUM ANALYZE, as autovacuum would)."""
+    """Fresh planner statistics (PostgreSQL: VACUUM ANALYZE, as autovacuum would; MariaDB:
+    ANALYZE TABLE, as InnoDB's persistent statistics would after enough changes)."""
     from django.db import connections
 
     connection = connections[using]
@@ -240,6 +304,9 @@ def analyze(using: str = "default", source: str = ROW_TABLE) -> None:
         for table in (source, EXECUTION_TABLE):
             if connection.vendor == "postgresql":
                 cursor.execute(f"VACUUM (ANALYZE) {table}")
+            elif connection.vendor == "mysql":
+                cursor.execute(f"ANALYZE TABLE {table}")
+                cursor.fetchall()
             else:
                 cursor.execute(f"ANALYZE {table}")
 
@@ -266,7 +333,16 @@ def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None)
 
 
 class ServerCPU:
-    """CPU seconds the PostgreSQL server's backends spent for one database, from ``/proc``.
+    """CPU seconds the database server spent for one database, from ``/proc``.
+
+    PostgreSQL (``db="postgres"``, the default): the backends serving ``database``, below.
+    MariaDB (``db="mariadb"``): the ``mariadbd`` process's CPU time (all its threads). One
+    process serves every connection, so the figure includes everything the server did
+    meanwhile: other databases' sessions (other work on the same server), InnoDB's
+    background threads (purge, page flushing, the log writer). It is an upper bound of
+    what the run cost the server, not the run's own share.
+
+    PostgreSQL:
 
     A thread looks at the machine's processes every ``interval`` seconds and notes the CPU
     time (user + system) of each backend serving ``database`` (its process title names the
@@ -280,8 +356,9 @@ class ServerCPU:
     Use as ``with ServerCPU(name) as cpu: ...`` then ``cpu.seconds()``.
     """
 
-    def __init__(self, database: str, interval: float = 0.01) -> None:
+    def __init__(self, database: str, interval: float = 0.01, db: str = "postgres") -> None:
         self.marker = f" {database} ".encode()
+        self.db = db
         self.interval = interval
         self.ticks: dict[int, int] = {}
         self.before: dict[int, int] = {}
@@ -301,7 +378,7 @@ class ServerCPU:
         self.ticks.update(self._sample())
 
     def seconds(self) -> float | None:
-        if not self.readable:
+        if not self.readable or (self.db == "mariadb" and not self.ticks):
             return None
         used = sum(t - self.before.get(pid, 0) for pid, t in self.ticks.items())
         return used / os.sysconf("SC_CLK_TCK")
@@ -322,7 +399,11 @@ class ServerCPU:
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
                     title = f.read()
-                if not title.startswith(b"postgres: ") or self.marker not in title:
+                if self.db == "mariadb":
+                    program = title.split(b"\0", 1)[0].rsplit(b"/", 1)[-1]
+                    if program not in (b"mariadbd", b"mysqld"):
+                        continue
+                elif not title.startswith(b"postgres: ") or self.marker not in title:
                     continue
                 with open(f"/proc/{entry}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
@@ -345,11 +426,20 @@ def machine() -> dict[str, Any]:
         "psycopg": psycopg.__version__,
         "sqlite": sqlite3.sqlite_version,
         "postgres": None,
+        "mysqlclient": None,
+        "mariadb": None,
     }
     try:
         with psycopg.connect(dbname="postgres", connect_timeout=5, **pg_connect_kwargs()) as c:
             info["postgres"] = c.execute("SHOW server_version").fetchone()[0]
     except psycopg.OperationalError:
+        pass
+    try:
+        import MySQLdb
+
+        info["mysqlclient"] = ".".join(str(v) for v in MySQLdb.version_info[:3])
+        info["mariadb"] = mysql_server("SELECT VERSION()")[0]
+    except Exception:  # no driver or no server: the figures say which
         pass
     return info
 

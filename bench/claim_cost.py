@@ -1,10 +1,10 @@
 """Does a claim cost the same with a million finished rows as with a thousand?
 
-    .venv/bin/python bench/claim_cost.py [--db postgres|sqlite|both] [--iterations 200]
+    .venv/bin/python bench/claim_cost.py [--db postgres|sqlite|mariadb|all] [--iterations 200]
 
-For each database, in a database of its own (PostgreSQL: ``dbworker_bench_<pid>``, created
-and dropped; SQLite: a temporary file), two tables are measured, both with 1,000 units
-waiting:
+For each database, in a database of its own (PostgreSQL and MariaDB:
+``dbworker_bench_<pid>``, created and dropped; SQLite: a temporary file), two tables are
+measured, both with 1,000 units waiting:
 
 - small: 1,000 source rows, all 1,000 pending;
 - large: 1,000,000 source rows, the newest 1,000 pending, the other 999,000 FINISHED.
@@ -17,11 +17,22 @@ Each for a pk-ordered worker (``by_pk``) and a worker ordered by another indexed
   put back (not timed), so every repetition sees the same table.
 - ``statement``: only the statement that finds the candidates, on the database (execute +
   fetch), inside a transaction that is rolled back: on PostgreSQL the whole claim (one
-  UPDATE), on SQLite the candidate SELECT (the UPDATE of the ids it found, by primary key,
-  is in ``claim``).
+  UPDATE), on SQLite and MariaDB the candidate SELECT (MariaDB: ``... FOR UPDATE SKIP
+  LOCKED``; the UPDATE of the ids it found, by primary key, and on MariaDB the SELECT of
+  what the claim returns, are in ``claim``).
+
+A count that does not wobble with the machine, per case: PostgreSQL's shared buffers
+(``EXPLAIN (ANALYZE, BUFFERS)``), MariaDB's handler reads (the ``Handler_read_%`` session
+counters the candidate statement adds: index entries and rows InnoDB handed to the server).
+
+Loading (not measured): the rows with one ``INSERT ... SELECT`` (PostgreSQL:
+``generate_series``; MariaDB: the sequence engine's ``seq_1_to_<n>``; SQLite:
+``executemany``), the executions with ``INSERT ... SELECT`` from the rows; then PostgreSQL
+``VACUUM (ANALYZE)``, MariaDB ``ANALYZE TABLE``, SQLite nothing (``--sqlite-analyze``).
 
 Writes bench/results/claim_cost.json (with the plans: EXPLAIN ANALYZE on PostgreSQL,
-EXPLAIN QUERY PLAN on SQLite) and prints a Markdown table. Target: large within 1.5x of small.
+``ANALYZE FORMAT=JSON`` on MariaDB, EXPLAIN QUERY PLAN on SQLite) and prints a Markdown
+table. Target: large within 1.5x of small.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ LEASE = 60.0
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=[*benchlib.DATABASES, "both"], default="both")
+    parser.add_argument("--db", choices=benchlib.DB_CHOICES, default="all")
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--large", type=int, default=SIZES["large"],
@@ -67,14 +78,15 @@ def main() -> None:
         "warmup": args.warmup,
         "workers": WORKERS,
         "lease_seconds": LEASE,
-        "analyze": {"postgres": "VACUUM (ANALYZE) after loading", "sqlite": args.sqlite_analyze},
+        "analyze": {"postgres": "VACUUM (ANALYZE) after loading",
+                    "mariadb": "ANALYZE TABLE after loading", "sqlite": args.sqlite_analyze},
         "target_max_ratio": TARGET,
     }
     if args.child:
         result = measure_database(args.child, sizes, args)
         Path(args.out).write_text(json.dumps(result))
         return
-    dbs = benchlib.DATABASES if args.db == "both" else (args.db,)
+    dbs = benchlib.chosen(args.db)
     passed = [f"--iterations={args.iterations}", f"--warmup={args.warmup}",
               f"--large={args.large}", *(["--sqlite-analyze"] if args.sqlite_analyze else [])]
     found = benchlib.per_database(Path(__file__), dbs, passed)
@@ -111,7 +123,7 @@ def measure_database(db: str, sizes: dict[str, int], args: argparse.Namespace) -
             benchlib.load_rows(size, aliases[label])
             for worker_name in WORKERS:
                 benchlib.load_executions(worker_name, size, PENDING, aliases[label])
-            if db == "postgres" or args.sqlite_analyze:
+            if db != "sqlite" or args.sqlite_analyze:
                 benchlib.analyze(aliases[label])
             print(f"{db}: {label} table ({size:,} rows, {PENDING:,} pending per worker) "
                   f"loaded in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
@@ -213,14 +225,18 @@ def time_statement(worker_name: str, limit: int, alias: str) -> int:
 
 
 def plan(worker_name: str, limit: int, alias: str) -> str:
-    """PostgreSQL: EXPLAIN (ANALYZE, BUFFERS) of the claim, rolled back. SQLite: the
-    EXPLAIN QUERY PLAN lines."""
+    """PostgreSQL: EXPLAIN (ANALYZE, BUFFERS) of the claim, rolled back. MariaDB: ANALYZE
+    FORMAT=JSON of the candidate SELECT (it runs), rolled back. SQLite: the EXPLAIN QUERY
+    PLAN lines."""
     from django.db import connections, transaction
 
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         sql, params = statement(worker_name, limit, alias)
         if connections[alias].vendor == "postgresql":
             cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
+            lines = [row[0] for row in cursor.fetchall()]
+        elif connections[alias].vendor == "mysql":
+            cursor.execute(f"ANALYZE FORMAT=JSON {sql}", params)
             lines = [row[0] for row in cursor.fetchall()]
         else:
             cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
@@ -236,6 +252,8 @@ def buffers(worker_name: str, limit: int, alias: str) -> int | None:
     """
     from django.db import connections, transaction
 
+    if connections[alias].vendor == "mysql":
+        return handler_reads(worker_name, limit, alias)
     if connections[alias].vendor != "postgresql":
         return None
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
@@ -245,6 +263,28 @@ def buffers(worker_name: str, limit: int, alias: str) -> int | None:
         transaction.set_rollback(True, using=alias)
     top = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
     return int(top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0))
+
+
+def handler_reads(worker_name: str, limit: int, alias: str) -> int:
+    """MariaDB: the ``Handler_read_%`` session counters one candidate statement adds
+    (index entries and rows read), rolled back; what reading the counters adds is taken
+    off (measured the same way with no statement in between)."""
+    from django.db import connections, transaction
+
+    def counters(cursor: Any) -> int:
+        cursor.execute("SHOW SESSION STATUS LIKE 'Handler_read%%'")
+        return sum(int(value) for _, value in cursor.fetchall())
+
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        sql, params = statement(worker_name, limit, alias)
+        first = counters(cursor)
+        overhead = counters(cursor) - first
+        before = counters(cursor)
+        cursor.execute(sql, params)
+        cursor.fetchall()
+        after = counters(cursor)
+        transaction.set_rollback(True, using=alias)
+    return after - before - overhead
 
 
 # ----- in the parent: the report --------------------------------------------------------------
@@ -274,7 +314,8 @@ def ratios_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def report(ratios: list[dict[str, Any]]) -> str:
     headers = ["db", "order", "units", "claim() 1k µs", "claim() 1M µs", "ratio",
-               "statement 1k µs", "statement 1M µs", "ratio", "buffers 1k/1M",
+               "statement 1k µs", "statement 1M µs", "ratio",
+               "buffers (PG) / handler reads (MariaDB) 1k/1M",
                f"≤ {TARGET}x"]
     rows = [
         [r["db"], r["ordering"], r["limit"], r["claim_small_us"], r["claim_large_us"],

@@ -1,7 +1,7 @@
 """How fast are tasks enqueued: ``enqueue_many`` of 10,000 calls, and one ``enqueue()`` at
 a time for comparison?
 
-    .venv/bin/python bench/enqueue.py [--db postgres|sqlite|both] [--tasks 10000]
+    .venv/bin/python bench/enqueue.py [--db postgres|sqlite|mariadb|all] [--tasks 10000]
                                       [--loop 1000] [--runs 5]
 
 For each database (its own, created and removed here): ``--runs`` times, alternately,
@@ -39,7 +39,7 @@ TASK_WITH_ARGS = "benchapp.tasks.touch"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=[*benchlib.DATABASES, "both"], default="both")
+    parser.add_argument("--db", choices=benchlib.DB_CHOICES, default="all")
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--loop", type=int, default=1_000)
     parser.add_argument("--runs", type=int, default=5)
@@ -49,7 +49,7 @@ def main() -> None:
     if args.child:
         Path(args.out).write_text(json.dumps(measure_database(args.child, args)))
         return
-    dbs = benchlib.DATABASES if args.db == "both" else (args.db,)
+    dbs = benchlib.chosen(args.db)
     passed = [f"--tasks={args.tasks}", f"--loop={args.loop}", f"--runs={args.runs}"]
     found = benchlib.per_database(Path(__file__), dbs, passed)
     results = [found[db] for db in dbs]

@@ -1,7 +1,8 @@
 """The reference: how fast can two processes drain a queue table with raw SQL, one row and
 one commit per job? No Django, no ORM, nothing but the database driver.
 
-    python bench/rawsql.py --db postgres|sqlite --name <database> --rows 5000 [--processes 2]
+    python bench/rawsql.py --db postgres|sqlite|mariadb --name <database> --rows 5000
+                           [--processes 2]
 
 Loads ``--rows`` ready rows into ``bench_raw_job`` (created here), then starts
 ``--processes`` processes that each loop until the queue is empty:
@@ -9,6 +10,8 @@ Loads ``--rows`` ready rows into ``bench_raw_job`` (created here), then starts
 - PostgreSQL: ``BEGIN; SELECT id ... WHERE state = 'ready' ORDER BY id LIMIT 1 FOR UPDATE
   SKIP LOCKED; UPDATE ... SET state = 'done' WHERE id = ...; COMMIT`` (what a worker that
   holds its job's row lock while it runs does, with nothing to run);
+- MariaDB: the same as PostgreSQL (InnoDB, READ COMMITTED as Django's connections use;
+  no partial index there: the index is ``(state, id)``), mysqlclient;
 - SQLite: the same in ``BEGIN IMMEDIATE`` (one writer at a time, WAL, synchronous=NORMAL).
 
 Prints one JSON object: rows, processes, wall seconds (from the start of the processes to
@@ -34,6 +37,13 @@ def connect(db: str, name: str) -> Any:
         import psycopg
 
         return psycopg.connect(dbname=name, **benchlib.pg_connect_kwargs())
+    if db == "mariadb":
+        import MySQLdb
+
+        connection = MySQLdb.connect(database=name, **benchlib.mysql_connect_kwargs())
+        connection.cursor().execute(
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        return connection
     import sqlite3
 
     connection = sqlite3.connect(name, isolation_level=None, timeout=30)
@@ -54,6 +64,18 @@ def load(db: str, name: str, rows: int) -> None:
         c.commit()
         c.autocommit = True
         c.execute(f"VACUUM ANALYZE {TABLE}")
+    elif db == "mariadb":
+        cursor = c.cursor()
+        cursor.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        cursor.execute(f"CREATE TABLE {TABLE} (id bigint AUTO_INCREMENT PRIMARY KEY, "
+                       "state varchar(10) NOT NULL, payload text, "
+                       f"INDEX {TABLE}_ready (state, id))")
+        if rows:
+            cursor.execute(f"INSERT INTO {TABLE} (state, payload) SELECT 'ready', "
+                           f"CONCAT('payload ', seq) FROM seq_1_to_{int(rows)}")
+        c.commit()
+        cursor.execute(f"ANALYZE TABLE {TABLE}")
+        cursor.fetchall()
     else:
         c.execute(f"DROP TABLE IF EXISTS {TABLE}")
         c.execute(f"CREATE TABLE {TABLE} (id integer PRIMARY KEY, state text NOT NULL, "
@@ -79,6 +101,20 @@ def work(db: str, name: str) -> int:
                 c.rollback()
                 return done
             c.execute(f"UPDATE {TABLE} SET state = 'done' WHERE id = %s", row)
+            c.commit()
+            done += 1
+    if db == "mariadb":
+        cursor = c.cursor()
+        pick = (f"SELECT id FROM {TABLE} WHERE state = 'ready' ORDER BY id LIMIT 1 "
+                "FOR UPDATE SKIP LOCKED")
+        while True:
+            cursor.execute("BEGIN")
+            cursor.execute(pick)
+            row = cursor.fetchone()
+            if row is None:
+                c.rollback()
+                return done
+            cursor.execute(f"UPDATE {TABLE} SET state = 'done' WHERE id = %s", row)
             c.commit()
             done += 1
     pick = f"SELECT id FROM {TABLE} WHERE state = 'ready' ORDER BY id LIMIT 1"
@@ -113,7 +149,7 @@ def drain(db: str, name: str, rows: int, processes: int = 2, *,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=["postgres", "sqlite"], required=True)
+    parser.add_argument("--db", choices=list(benchlib.DATABASES), required=True)
     parser.add_argument("--name", required=True, help="database name (SQLite: file path)")
     parser.add_argument("--rows", type=int, default=5_000)
     parser.add_argument("--processes", type=int, default=2)

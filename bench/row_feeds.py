@@ -1,16 +1,16 @@
 """Rows as users write them, drained by a worker declared as users declare it.
 
-    .venv/bin/python bench/row_feeds.py [--db postgres|sqlite|both] [--rows 5000] [--runs 3]
+    .venv/bin/python bench/row_feeds.py [--db postgres|sqlite|mariadb|all] [--rows 5000] [--runs 3]
                                         [--feeds bulk,save,precreated] [--history 1000000]
                                         [--explain FOLDER]
 
 The worker is ``benchapp.workers.feed`` (``@worker(source=Feed, concurrency=2)``, a no-op
 handler); every drain is a real ``manage.py runworkers --burst --concurrency 2 --worker
-feed``, timed from its start to its exit. Each drain gets a **fresh database** (PostgreSQL:
-``CREATE DATABASE``, migrated; SQLite: a new file): tables nobody has analyzed, as on a new
-deployment (the test server runs with autovacuum off; on a real one autovacuum analyzes a
-table only after enough changes, so a new table's first thousands of rows are planned
-without statistics too). The feeds, alternated within each run:
+feed``, timed from its start to its exit. Each drain gets a **fresh database** (PostgreSQL
+and MariaDB: ``CREATE DATABASE``, migrated; SQLite: a new file): tables nobody has
+analyzed, as on a new deployment (the test server runs with autovacuum off; on a real
+one autovacuum analyzes a table only after enough changes, so a new table's first
+thousands of rows are planned without statistics too). The feeds, alternated within each run:
 
 - ``bulk``: ``Feed.objects.bulk_create()`` of ``--rows`` rows (batches of 1,000): no
   execution exists, the discovery sweep finds them. The headline.
@@ -21,9 +21,12 @@ without statistics too). The feeds, alternated within each run:
   are compared with (it is what ``throughput.py`` measures), never the headline.
 
 Figures per feed: rows/s (``--rows`` / the median wall time, start-up included), our
-processes' CPU (runworkers and its children) and, on PostgreSQL, the **server's CPU** per
-row: the backends serving the run's database, read from ``/proc`` during the drain
-(``benchlib.ServerCPU``; needs root or the server's user on the server's machine).
+processes' CPU (runworkers and its children) and the **server's CPU** per row, read from
+``/proc`` during the drain (``benchlib.ServerCPU``; needs root or the server's user on the
+server's machine): on PostgreSQL the backends serving the run's database; on MariaDB the
+whole ``mariadbd`` process (one process serves every connection: the figure includes
+everything the server did meanwhile, other databases' sessions and InnoDB's background
+threads too).
 
 **History burst** (``--history N``, default 1,000,000; 0 skips it): N source rows with a
 FINISHED execution each (both loaded with ``bulk_create`` in batches of 10,000: a worker's
@@ -39,6 +42,9 @@ history is kept between runs (a database loads once per N and schema):
   DATABASE ... TEMPLATE ... STRATEGY FILE_COPY``). ``DROP DATABASE`` it to reclaim space.
 - SQLite: ``<tmp>/dbworker_bench_cache/history_<N>_<schema>.sqlite3``, copied per burst.
 - ``--fresh-history`` loads them again.
+- MariaDB: not run (there is no template database to copy a loaded history from, and
+  loading a million rows per burst does not fit); ``claim_cost.py`` measures the claim
+  against a million finished rows there.
 
 ``--explain FOLDER``: one more drain per feed (PostgreSQL) with ``auto_explain`` loaded in
 every session of runworkers (``benchapp/explain.py``): the statements, their plans and
@@ -81,7 +87,7 @@ TARGETS = {"bulk_per_s": 2_000, "bulk_vs_precreated": 0.9, "server_cpu_ratio": 1
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=[*benchlib.DATABASES, "both"], default="both")
+    parser.add_argument("--db", choices=benchlib.DB_CHOICES, default="all")
     parser.add_argument("--rows", type=int, default=5_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--feeds", default=",".join(FEEDS),
@@ -101,7 +107,7 @@ def main() -> None:
     if args.child:
         Path(args.out).write_text(json.dumps(measure_database(args.child, args)))
         return
-    dbs = benchlib.DATABASES if args.db == "both" else (args.db,)
+    dbs = benchlib.chosen(args.db)
     passed = [f"--rows={args.rows}", f"--runs={args.runs}", f"--feeds={args.feeds}",
               f"--history={args.history}", *(["--fresh-history"] if args.fresh_history else []),
               *([f"--explain={args.explain}"] if args.explain else [])]
@@ -169,7 +175,7 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
             "server_cpu_ms_per_row": (round(1000 * statistics.median(servers) / args.rows, 3)
                                       if servers else None),
         }
-    if args.history:
+    if args.history and db != "mariadb":  # no template databases there: see the docstring
         result["history"] = history_burst(db, args)
     if args.explain and db == "postgres":
         result["explain"] = {feed: explained(db, feed, args) for feed in args.feed_list}
@@ -247,10 +253,10 @@ def drain(db: str, name: str, rows: int, *, concurrency: int = 2,
 
 @contextmanager
 def server_cpu(db: str, name: str) -> Iterator[benchlib.ServerCPU | None]:
-    if db != "postgres":
+    if db not in ("postgres", "mariadb"):
         yield None
         return
-    with benchlib.ServerCPU(name) as cpu:
+    with benchlib.ServerCPU(name, db=db) as cpu:
         yield cpu
 
 

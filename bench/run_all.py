@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/run_all.py [--quick] [--only peers,...]
 
-Runs, one after the other, each on PostgreSQL and SQLite: ``throughput.py`` (rows, tasks
-and the raw SQL reference, alternating, 3 runs of 5,000), ``enqueue.py`` (enqueue_many of
+Runs, one after the other, each on PostgreSQL, SQLite and MariaDB: ``throughput.py`` (rows,
+tasks and the raw SQL reference, alternating, 3 runs of 5,000), ``row_feeds.py`` (rows
+bulk-created and saved, as users write them, and the precreated reference; 3 runs of
+5,000, without the history burst, which row_feeds.py alone runs), ``enqueue.py`` (enqueue_many of
 10,000 and a loop of enqueue()), ``latency.py`` (idle latency and idle cost) and
 ``claim_cost.py`` (claim cost at 1,000 and 1,000,000 finished rows) and, PostgreSQL only,
 ``table_health.py --jobs=50000`` (dead tuples and the claim's plan under churn; its
@@ -38,6 +40,7 @@ import benchlib
 
 SCRIPTS = {
     "throughput": ["--runs=3", "--rows=5000"],
+    "row_feeds": ["--runs=3", "--rows=5000", "--history=0"],
     "enqueue": ["--runs=5"],
     "latency": ["--samples=100"],
     "claim_cost": ["--iterations=100", "--warmup=10"],
@@ -51,6 +54,7 @@ SCRIPTS = {
 }
 QUICK = {
     "throughput": ["--runs=1", "--rows=1000"],
+    "row_feeds": ["--runs=1", "--rows=1000", "--history=0"],
     "enqueue": ["--runs=1", "--tasks=2000", "--loop=200"],
     "latency": ["--samples=10", "--idle=2"],
     "claim_cost": ["--iterations=10", "--warmup=2", "--large=20000"],
@@ -87,7 +91,7 @@ def main() -> None:
         steal["total"] = benchlib.steal_percent(first, benchlib.cpu_ticks())
     loads["end"] = [round(x, 2) for x in os.getloadavg()]
     found = {name: json.loads((benchlib.RESULTS / f"{name}.json").read_text())
-             for name in SCRIPTS}
+             for name in SCRIPTS if (benchlib.RESULTS / f"{name}.json").exists()}
     table = summary(found)
     benchlib.write_results("summary.json", {
         "benchmark": "summary",
@@ -99,10 +103,11 @@ def main() -> None:
         "quick": args.quick,
         "table": table,
     })
-    header = (f"Machine: {found['throughput']['machine']['cpu_count']} CPUs "
-              f"({found['throughput']['machine']['cpu_model']}), PostgreSQL "
-              f"{found['throughput']['machine']['postgres']}, SQLite "
-              f"{found['throughput']['machine']['sqlite']}; load average "
+    machine = found["throughput"]["machine"]
+    header = (f"Machine: {machine['cpu_count']} CPUs ({machine['cpu_model']}), PostgreSQL "
+              f"{machine['postgres']}, SQLite {machine['sqlite']}, MariaDB "
+              f"{machine.get('mariadb')} (mysqlclient {machine.get('mysqlclient')}); "
+              "load average "
               f"{loads['start'][0]} at the start, {loads['end'][0]} at the end; "
               f"{round(time.monotonic() - started)} s "
               f"{'for ' + ', '.join(only) + ', run again now' if only else 'in all'}; "
@@ -164,23 +169,30 @@ STEAL_WARNING = 5.0
 
 
 def summary(found: dict[str, Any]) -> str:
-    peers = {r["peer"]: r for r in found["peers"]["results"]}
+    peers = {r["peer"]: r for r in found.get("peers", {}).get("results", [])}
     rows: list[list[Any]] = []
     throughput = {r["db"]: r for r in found["throughput"]["results"]}
+    postgres = throughput.get("postgres")
     for db, r in throughput.items():
         raw = r["raw"]["per_s"]
         rows.append([db, "raw SQL, 1 row per transaction, 2 processes (reference)",
                      f"{raw:,} jobs/s", f"{r['raw']['cpu_ms_per_job']} ms CPU/job", "", ""])
         for kind, label, target in (
-            ("rows", "rows (transactional worker, no-op), --concurrency 2",
-             ">= 2,000 rows/s" if db == "postgres" else ""),
+            ("rows", "rows (transactional worker, no-op, units precreated: a shortcut), "
+             "--concurrency 2", ">= 2,000 rows/s" if db == "postgres" else ""),
             ("tasks", "tasks (no-op), --concurrency 2",
              ">= 3,000 jobs/s and >= 50% of raw SQL" if db == "postgres" else ""),
         ):
             f = r[kind]
+            compared = f"{f['vs_raw']:.0%} of raw SQL; {f['cpu_ms_per_job']} ms CPU/job"
+            if db == "mariadb":
+                target = MARIADB_TARGET
+                if postgres:
+                    compared += f"; {f['per_s'] / postgres[kind]['per_s']:.0%} of PostgreSQL"
             rows.append([db, label, f"{f['per_s']:,}/s (net {f['net_per_s']:,}/s)",
-                         f"{f['vs_raw']:.0%} of raw SQL; {f['cpu_ms_per_job']} ms CPU/job",
+                         compared,
                          vs_peers(f["per_s"], peers, PEER_COMPARISON[db], "drain"), target])
+    rows += row_feed_rows(found.get("row_feeds"))
     for r in found["enqueue"]["results"]:
         rows.append([r["db"], f"enqueue_many of {r['tasks']:,} tasks",
                      f"{r['many_per_s']:,} tasks/s ({r['many_args_per_s']:,}/s with arguments)",
@@ -188,7 +200,8 @@ def summary(found: dict[str, Any]) -> str:
                      ">= 50,000/s, >= 20x" if r["db"] == "postgres" else ""])
     for r in found["latency"]["results"]:
         wake = "LISTEN/NOTIFY" if r["listen_notify"] else (
-            f"commit watching, polling {r['poll_interval']:g}s")
+            f"{r.get('wake_up', 'commit watching').split(' (')[0]}, "
+            f"polling {r['poll_interval']:g}s")
         for kind in ("tasks", "rows"):
             f = r[kind]
             rows.append([r["db"], f"idle latency, {kind} ({wake})",
@@ -203,10 +216,47 @@ def summary(found: dict[str, Any]) -> str:
         rows.append([ratio["db"], f"claim cost, {ratio['worker']}, {ratio['limit']} unit(s): "
                      "1M vs 1k finished rows", f"{ratio['claim_ratio']}x (claim), "
                      f"{ratio['statement_ratio']}x (statement)", "", "", "<= 1.5x"])
-    rows += table_health_rows(found["table_health"])
+    if "table_health" in found:
+        rows += table_health_rows(found["table_health"])
     rows += peer_rows(peers, throughput)
     return benchlib.markdown_table(["db", "what", "figure", "compared", "vs peers (same run)",
                                     "target"], rows)
+
+
+#: Issue 18: MariaDB drains rows and tasks at half PostgreSQL's rate of the same run or more.
+MARIADB_TARGET = ">= 50% of PostgreSQL (same run)"
+
+
+def row_feed_rows(feeds: dict[str, Any] | None) -> list[list[Any]]:
+    """Rows as users write them (row_feeds.py): bulk-created, saved, and the precreated
+    reference; MariaDB's next to PostgreSQL's of the same run."""
+    if not feeds:
+        return []
+    rows = []
+    by_db = {r["db"]: r for r in feeds["results"]}
+    postgres = by_db.get("postgres", {})
+    for db, r in by_db.items():
+        for feed, label in (("bulk", "rows bulk_create()d (found by discovery)"),
+                            ("save", "rows save()d one by one (post_save)"),
+                            ("precreated", "rows precreated (shortcut, reference)")):
+            f = r.get(feed)
+            if not f:
+                continue
+            compared = [f"{f['cpu_ms_per_row']} ms CPU/row (ours)"]
+            if f.get("server_cpu_ms_per_row") is not None:
+                whose = " (all of mariadbd)" if db == "mariadb" else ""
+                compared.append(f"server {f['server_cpu_ms_per_row']} ms CPU/row{whose}")
+            target = ""
+            if db == "mariadb" and feed != "precreated":
+                target = MARIADB_TARGET
+            if db == "mariadb" and postgres.get(feed):
+                compared.append(f"{f['per_s'] / postgres[feed]['per_s']:.0%} of PostgreSQL")
+            if db == "postgres" and feed == "bulk":
+                target = ">= 2,000 rows/s, >= 90% of precreated"
+            rows.append([db, f"{label}, worker feed, --concurrency 2",
+                         f"{f['per_s']:,}/s (net {f['net_per_s'] or 0:,}/s)",
+                         "; ".join(compared), "", target])
+    return rows
 
 
 def table_health_rows(health: dict[str, Any]) -> list[list[Any]]:
@@ -231,7 +281,7 @@ def table_health_rows(health: dict[str, Any]) -> list[list[Any]]:
 # Which peers our figures on each database are compared with: the tools a user of that
 # database would pick instead (on PostgreSQL: Celery with Redis and the PostgreSQL queues).
 PEER_COMPARISON = {"postgres": ("celery", "procrastinate", "tasksdb", "djangoq2"),
-                   "sqlite": ("huey",)}
+                   "sqlite": ("huey",), "mariadb": ()}
 PEER_STORE = {"redis": "redis", "postgres": "postgres", "sqlite": "sqlite"}
 
 

@@ -37,15 +37,15 @@ SMALL = 1_000
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=[*benchlib.DATABASES, "both"], default="both")
+    parser.add_argument("--db", choices=["postgres", "sqlite", "both"], default="both")
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--child", choices=benchlib.DATABASES, help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["postgres", "sqlite"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         Path(args.out).write_text(json.dumps(measure_database(args.child, args.rows)))
         return
-    dbs = benchlib.DATABASES if args.db == "both" else (args.db,)
+    dbs = benchlib.chosen(args.db)
     found = benchlib.per_database(Path(__file__), dbs, [f"--rows={args.rows}"])
     rows = [row for db in dbs for row in found[db]["rows"]]
     path = benchlib.write_results("sweep_cost.json", {

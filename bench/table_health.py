@@ -304,7 +304,10 @@ class Kind:
             transaction.set_rollback(True)
         for sql, params in seen.statements:
             sql = statement_only(sql)[0]
-            if sql.lstrip().upper().startswith("UPDATE"):
+            # UPDATE ... RETURNING, or WITH picked AS MATERIALIZED (...) UPDATE ... (the
+            # tasks' claim since the engines moved into db/)
+            head = sql.lstrip().upper()
+            if head.startswith("UPDATE") or (head.startswith("WITH") and " UPDATE " in head):
                 return sql, params
         raise RuntimeError(f"{self.label}: no claim statement among {seen.statements}")
 

@@ -1,6 +1,6 @@
 """How fast does a real ``runworkers`` drain no-op work, next to raw SQL on the same table?
 
-    .venv/bin/python bench/throughput.py [--db postgres|sqlite|both] [--rows 5000] [--runs 3]
+    .venv/bin/python bench/throughput.py [--db postgres|sqlite|mariadb|all] [--rows 5000] [--runs 3]
                                          [--concurrency 2] [--kind rows,tasks,raw] [--profile]
 
 For each database (its own, created and removed here, as in claim_cost.py), ``--runs``
@@ -56,7 +56,7 @@ KINDS = ("rows", "tasks", "raw")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=[*benchlib.DATABASES, "both"], default="both")
+    parser.add_argument("--db", choices=benchlib.DB_CHOICES, default="all")
     parser.add_argument("--rows", type=int, default=5_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=2)
@@ -75,7 +75,7 @@ def main() -> None:
     if args.child:
         Path(args.out).write_text(json.dumps(measure_database(args.child, args)))
         return
-    dbs = benchlib.DATABASES if args.db == "both" else (args.db,)
+    dbs = benchlib.chosen(args.db)
     passed = [f"--rows={args.rows}", f"--runs={args.runs}", f"--kind={args.kind}",
               f"--concurrency={args.concurrency}", *(["--profile"] if args.profile else [])]
     found = benchlib.per_database(Path(__file__), dbs, passed)
@@ -282,7 +282,8 @@ def _kind(frames: list[str]) -> str:
     text = ";".join(frames)
     if "multiprocessing/connection.py" in frames[-1] or "selectors.py" in frames[-1]:
         return "idle: waiting on a pipe / select"
-    if "psycopg/" in text or "SQLiteCursorWrapper.execute" in text or "._commit (" in text:
+    if ("psycopg/" in text or "MySQLdb/" in text or "SQLiteCursorWrapper.execute" in text
+            or "._commit (" in text):
         return "in the database driver (statement, commit, round trip)"
     if "fork" in text and "child.py" not in text:
         return "starting children"
