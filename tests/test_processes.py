@@ -52,6 +52,10 @@ def handler_in_transaction() -> bool:
             )
             return cursor.fetchone()[0] > 0
     if connection.vendor == "mysql":
+        # MariaDB serves INNODB_TRX from a cache it refreshes only when the last read is
+        # 100 ms old: polled every 50 ms (wait_for), it would show the first, empty answer
+        # for ever.
+        time.sleep(0.15)
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM information_schema.INNODB_TRX t "
