@@ -94,7 +94,14 @@ def test_supervisors_share_rows_and_run_each_exactly_once(runworkers):
     units = Execution.objects.filter(worker="touch")
     assert units.count() == 2000
     assert set(units.values_list("state", flat=True)) == {State.FINISHED}
-    assert set(units.values_list("attempts", flat=True)) == {1}
+    # One attempt each, but a unit whose transaction the database rolled back (MariaDB's
+    # deadlock 1213 between a child's completion and another supervisor's renewal or
+    # claim) goes back and runs again: one more attempt, still one effect.
+    given_back = sum(rw.output().count("child_database_error") for rw in supervisors)
+    assert units.filter(attempts=1).count() >= 2000 - given_back
+    assert not units.filter(attempts__gt=2).exists()
+    if connection.vendor != "mysql":
+        assert given_back == 0
     assert Effect.objects.filter(worker="touch").count() == 2000
     twice = Effect.objects.values("item_id").annotate(n=Count("id")).filter(n__gt=1)
     assert not twice.exists()
