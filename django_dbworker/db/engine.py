@@ -375,6 +375,20 @@ class Engine:
             "docs/architecture.md for what each database's engine does).")
 
 
+def row_trigger_statements(q: Any, t: RowTriggers, insert: str, delete: str) -> list[str]:
+    """Drop, then create, a worker's two row triggers (``FOR EACH ROW``, the mark in a
+    comment of the body): the form SQLite and MariaDB/MySQL share."""
+    statements = []
+    for name, mark, body, event in ((t.insert_name, t.insert_mark, insert, "INSERT"),
+                                    (t.delete_name, t.delete_mark, delete, "DELETE")):
+        statements += [
+            f"DROP TRIGGER IF EXISTS {q(name)}",
+            f"CREATE TRIGGER {q(name)} AFTER {event} ON {q(t.table)} FOR EACH ROW "
+            f"BEGIN\n  /* {mark} */\n  {body}\nEND",
+        ]
+    return statements
+
+
 class Unsupported(Engine):
     """A database we have no engine for: refused by a system check (E012), and by every
     statement that would need it."""

@@ -18,7 +18,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import Claim, Engine, RowTriggers, Trigger
+from .engine import Claim, Engine, RowTriggers, Trigger, row_trigger_statements
 
 #: Error codes that mean the session is gone (server gone away, lost connection, killed).
 LOST_SESSION = {2006, 2013, 1927, 4031}
@@ -320,15 +320,7 @@ def _row_trigger_sql(connection: BaseDatabaseWrapper, triggers: RowTriggers) -> 
         [f"DELETE d FROM {q(table)} AS d JOIN (SELECT id FROM {ex} WHERE {doomed}) AS e "
          f"ON d.{q(column)} = e.id;" for table, column in t.dependents]
         + [f"DELETE FROM {ex} WHERE {doomed};"])
-    statements = []
-    for name, mark, body, event in ((t.insert_name, t.insert_mark, insert, "INSERT"),
-                                    (t.delete_name, t.delete_mark, delete, "DELETE")):
-        statements += [
-            f"DROP TRIGGER IF EXISTS {q(name)}",
-            f"CREATE TRIGGER {q(name)} AFTER {event} ON {q(t.table)} FOR EACH ROW "
-            f"BEGIN\n  /* {mark} */\n  {body}\nEND",
-        ]
-    return statements
+    return row_trigger_statements(q, t, insert, delete)
 
 
 def _row_triggers_found(connection: BaseDatabaseWrapper, prefix: str) -> list[Trigger]:

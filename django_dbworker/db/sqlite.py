@@ -20,7 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import conf
 from . import direct
-from .engine import Claim, Engine, RowTriggers, TransactionEnded, Trigger
+from .engine import Claim, Engine, RowTriggers, TransactionEnded, Trigger, row_trigger_statements
 
 if TYPE_CHECKING:
     from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
@@ -224,15 +224,7 @@ class SQLite(Engine):
             [f"DELETE FROM {q(table)} WHERE {q(column)} IN (SELECT id FROM {ex} WHERE "
              f"{doomed});" for table, column in t.dependents]
             + [f"DELETE FROM {ex} WHERE {doomed};"])
-        statements = []
-        for name, mark, body, event in ((t.insert_name, t.insert_mark, insert, "INSERT"),
-                                        (t.delete_name, t.delete_mark, delete, "DELETE")):
-            statements += [
-                f"DROP TRIGGER IF EXISTS {q(name)}",
-                f"CREATE TRIGGER {q(name)} AFTER {event} ON {q(t.table)} FOR EACH ROW "
-                f"BEGIN\n  /* {mark} */\n  {body}\nEND",
-            ]
-        return statements
+        return row_trigger_statements(q, t, insert, delete)
 
     def drop_row_trigger(self, connection: BaseDatabaseWrapper, trigger: Trigger) -> list[str]:
         return [f"DROP TRIGGER IF EXISTS {connection.ops.quote_name(trigger.name)}"]
