@@ -27,7 +27,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from django_dbworker import conf, workers
-from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
+from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
 from django_dbworker.models import Supervisor as SupervisorRow
 from django_dbworker.rows.sweep import Sweeper
 from tests.conftest import wait_for
@@ -68,9 +68,11 @@ def _wait_until_done(supervisors) -> None:
                     .values_list("state", "attempts", "crashes", "lease_expires_at")[:10])
             waiting = (TaskRecord.objects.exclude(status=TaskStatus.SUCCESSFUL)
                        .values_list("status", "attempts", "crashes", "lease_expires_at")[:10])
+            failures = (Failure.objects.filter(execution__worker="touch")
+                        .values_list("exception_class", "message")[:5])
             raise AssertionError(
                 f"no unit done for {STALL}s, {left} left: rows {list(rows)}, tasks "
-                f"{list(waiting)}, now {timezone.now()}\n"
+                f"{list(waiting)}, failures {list(failures)}, now {timezone.now()}\n"
                 + "\n".join(rw.output()[-2000:] for rw in supervisors))
 
 

@@ -67,8 +67,13 @@ def _over_memory(limit_mb: int | None) -> bool:
 
 
 def _raw_connection(using: str) -> Any:
-    """The DB-API connection a unit starts on, or None (none open yet)."""
-    return connections[using].connection
+    """The DB-API connection a unit starts on, opened now if none is (after a lost
+    session the child closes its connection). Comparing with it is how ``contain`` tells
+    a lost session from the unit's own error: leaving a handler's ``atomic()`` after the
+    server ended the session makes Django open a new connection at once, which answers."""
+    connection = connections[using]
+    connection.ensure_connection()
+    return connection.connection
 
 
 def run_one(seq: int, claim: units.Unit, using: str, report: list[tuple[Any, ...]],
@@ -76,8 +81,9 @@ def run_one(seq: int, claim: units.Unit, using: str, report: list[tuple[Any, ...
     """Run one unit and add what to report of it to ``report``; never raises for anything
     the unit does (``contain``)."""
     started = time.monotonic()
-    raw = _raw_connection(using)
+    raw = None
     try:
+        raw = _raw_connection(using)
         result = units.run(claim, keep)
         if result is not None:
             report.append((seq, "result", result))

@@ -102,10 +102,26 @@ def _act(item, name, context=None):
             with connection.cursor() as cursor:
                 cursor.execute("DEALLOCATE ALL")
         return Finished()
+    if action == "drop_session_first":  # the server ends the handler's session on the
+        # unit's first attempt (an administrator, a failover, a pooler's restart)
+        if workers[name].state(item.pk)["attempts"] <= 1:
+            _drop_own_session()
+        return Finished()
     if action == "delete_self":
         Item.objects.filter(pk=item.pk).delete()
         return Finished()
     raise AssertionError(f"unknown action {action!r}")
+
+
+def _drop_own_session():
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        else:
+            cursor.execute("SELECT CONNECTION_ID()")
+            (own,) = cursor.fetchone()
+            cursor.execute(f"KILL CONNECTION {int(own)}")
+        cursor.execute("SELECT 1")  # raises: the session is gone
 
 
 class Unprintable(Exception):
