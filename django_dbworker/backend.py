@@ -71,6 +71,22 @@ class DBWorkerTask(Task):
     idempotency_key: str | None = None
     #: Enqueue when the caller's transaction commits instead of inside it.
     enqueue_on_commit: bool | None = None
+    # ----- flow control (docs/tasks.md, "Flow control") -----
+    #: Uniqueness: a key (or a function of the call's arguments returning one); an enqueue
+    #: whose key is held returns the task holding it.
+    unique_key: str | Callable[..., str] | None = None
+    #: What holds the key: "active" (READY, RETRYING or RUNNING) or "waiting" (not RUNNING).
+    unique_while: str = "active"
+    #: At most one per key per period (a duration) instead, whatever its status.
+    unique_for: float | timedelta | None = None
+    #: "keep" the holder as it is, or "replace" its arguments and run_after (debounce).
+    on_duplicate: str = "keep"
+    #: At most this many tasks with the same concurrency key RUNNING at once, everywhere.
+    concurrency: int | None = None
+    #: The concurrency key (or a function of the call's arguments); default: the task.
+    concurrency_key: str | Callable[..., str] | None = None
+    #: Times a task may ``raise Snooze(...)`` before a snooze counts as a failed attempt.
+    max_snoozes: int = 100
     _schedule: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
@@ -86,13 +102,16 @@ class DBWorkerTask(Task):
         backend: str | None = None,
         idempotency_key: str | None = None,
         enqueue_on_commit: bool | None = None,
+        unique_key: str | None = None,
+        concurrency_key: str | None = None,
     ) -> DBWorkerTask:
         # As Task.using does, with our options, in one replace(); run_after may also be a
         # timedelta here (validate_task), which Task's own annotation does not allow.
         given: dict[str, Any] = {
             "priority": priority, "queue_name": queue_name, "run_after": run_after,
             "backend": backend, "idempotency_key": idempotency_key,
-            "enqueue_on_commit": enqueue_on_commit,
+            "enqueue_on_commit": enqueue_on_commit, "unique_key": unique_key,
+            "concurrency_key": concurrency_key,
         }
         return replace(self, **{name: v for name, v in given.items() if v is not None})
 
@@ -489,3 +508,9 @@ def _validate_options(where: str, task: DBWorkerTask) -> None:
     if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
         raise InvalidTask(f"{where}: idempotency_key={key!r} must be a non-empty string of at "
                           "most 255 characters.")
+    # ----- uniqueness (flow control) -----
+
+    # ----- concurrency (flow control) -----
+
+    # ----- snooze (flow control) -----
+

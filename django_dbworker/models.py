@@ -344,6 +344,14 @@ class TaskRecord(models.Model):
     #: The cron schedule that enqueued it, if any.
     schedule = models.CharField(max_length=100, blank=True, default="")
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    #: Flow control (docs/tasks.md "Flow control"). The uniqueness key the call was
+    #: enqueued with, shown to people; which task holds it is ``TaskUniqueness``.
+    unique_key = models.CharField(max_length=255, blank=True, default="")
+    #: At most ``concurrency_limit`` tasks with this key RUNNING at once, everywhere.
+    concurrency_key = KeyField(max_length=255, null=True, blank=True)
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
+    #: Times the task asked to run later (``Snooze``) without using an attempt.
+    snoozes = models.PositiveIntegerField(default=0)
     token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     supervisor_id = models.UUIDField(null=True, blank=True)
@@ -379,6 +387,13 @@ class TaskRecord(models.Model):
             PartialIndex(
                 fields=["lease_expires_at"],
                 name="dbworker_task_running",
+                condition=Q(status=TaskStatus.RUNNING),
+                flag="dbworker_running",
+            ),
+            # How many tasks of a concurrency key run now (the keyed claim counts them).
+            PartialIndex(
+                fields=["concurrency_key"],
+                name="dbworker_task_keyed_running",
                 condition=Q(status=TaskStatus.RUNNING),
                 flag="dbworker_running",
             ),
@@ -462,6 +477,93 @@ class RateBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.tokens:.2f}"
+
+
+class TaskUniqueness(models.Model):
+    """Which task holds a uniqueness key (``@task(unique_key=...)``): one row per task path,
+    key and period. An enqueue with the key locks this row (``SELECT ... FOR UPDATE``), so
+    concurrent enqueues of one key take turns; the holder keeps it while it is in the key's
+    scope (waiting, running, or within its period), and the next enqueue takes it over after.
+    No foreign key: a pruned task leaves its row, which the next enqueue takes over."""
+
+    #: SHA-256 (hex) of the task path, the key and the period's start.
+    digest = models.CharField(max_length=64, primary_key=True)
+    task_id = models.UUIDField()
+    task_path = models.CharField(max_length=255)
+    unique_key = models.CharField(max_length=255)
+    #: The start of the period the key is unique in (``unique_for``); None: by state.
+    period_start = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "task uniqueness key"
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.unique_key}: {self.task_id}"
+
+
+class ConcurrencySlot(models.Model):
+    """One row per concurrency key (``@task(concurrency_key=..., concurrency=N)``): a claim
+    of tasks with that key locks it, counts the key's RUNNING tasks and claims at most the
+    rest of the limit, so supervisors on any number of hosts never run more than N."""
+
+    key = KeyField(max_length=255, primary_key=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "concurrency key"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class PauseKind(models.TextChoices):
+    QUEUE = "queue", "task queue"
+    WORKER = "worker", "row worker"
+
+
+class Pause(models.Model):
+    """A task queue or a row worker paused at runtime: no supervisor claims from it until
+    it is resumed (the row deleted). Running units finish; enqueueing still works."""
+
+    kind = models.CharField(max_length=10, choices=PauseKind.choices)
+    name = models.CharField(max_length=100)
+    paused_at = models.DateTimeField(default=timezone.now)
+    reason = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "name"], name="dbworker_pause_unique"),
+        ]
+        ordering = ["kind", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} paused since {self.paused_at:%Y-%m-%d %H:%M:%S}"
+
+
+class StoredSchedule(models.Model):
+    """A cron schedule kept in the database and edited at runtime (admin, CLI), beside
+    those declared in code (``@cron``, ``DBWORKER["SCHEDULES"]``); see scheduling.py."""
+
+    name = models.CharField(max_length=60, unique=True)
+    task_path = models.CharField(max_length=255)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    cron = models.CharField(max_length=255)
+    #: An IANA zone name; "": settings.TIME_ZONE.
+    time_zone = models.CharField(max_length=64, blank=True, default="")
+    enabled = models.BooleanField(default=True)
+    misfire = models.CharField(max_length=10, default="skip")
+    misfire_window = models.FloatField(default=3600.0)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "stored schedule"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.cron} {self.task_path}"
 
 
 class SupervisorQuerySet(models.QuerySet["Supervisor"]):

@@ -55,6 +55,11 @@ class Shared:
     enqueued_at: datetime
     idempotency_key: str | None
     schedule: str
+    #: Flow control: the same for every row of a statement (calls whose keys differ go in
+    #: statements of their own).
+    unique_key: str = ""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     @classmethod
     def of(cls, task: Task) -> Shared:
@@ -109,6 +114,8 @@ class NewTask:
             queue_name=s.queue_name, priority=s.priority, args=self.args, kwargs=self.kwargs,
             status=TaskStatus.READY, run_after=s.run_after, available_at=s.available_at,
             enqueued_at=s.enqueued_at, idempotency_key=s.idempotency_key, schedule=s.schedule,
+            unique_key=s.unique_key, concurrency_key=s.concurrency_key,
+            concurrency_limit=s.concurrency_limit,
         )
 
 
