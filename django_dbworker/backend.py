@@ -82,7 +82,7 @@ class DBWorkerTask(Task):
     #: "keep" the holder as it is, or "replace" its arguments and run_after (debounce).
     on_duplicate: str = "keep"
     #: At most this many tasks with the same concurrency key RUNNING at once, everywhere.
-    concurrency: int | None = None
+    concurrency_limit: int | None = None
     #: The concurrency key (or a function of the call's arguments); default: the task.
     concurrency_key: str | Callable[..., str] | None = None
     #: Times a task may ``raise Snooze(...)`` before a snooze counts as a failed attempt.
