@@ -63,7 +63,7 @@ if os.environ.get("BENCH_PREFETCH"):
 if os.environ.get("BENCH_POLL"):
     DBWORKER["POLL_INTERVAL"] = float(os.environ["BENCH_POLL"])
 TASKS = {"default": {"BACKEND": "django_dbworker.backend.DBWorkerBackend",
-                     "QUEUES": ["default"]}}
+                     "QUEUES": ["default", "paused"]}}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

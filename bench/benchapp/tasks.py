@@ -19,3 +19,13 @@ def touch(item_id, *, note=""):
 def stamp():
     """The latency task: its return value is time.time() when it started."""
     return time.time()
+
+
+@task(unique_key=lambda n: f"noop:{n}")
+def unique_noop(n):
+    """flow_control.py: a no-op whose calls are unique by their argument."""
+
+
+@task(concurrency_limit=2, concurrency_key=lambda n: f"key:{n % 50}")
+def keyed_noop(n):
+    """flow_control.py: a no-op limited to 2 running per key, over 50 keys."""
