@@ -215,3 +215,17 @@ class StoredSource:
                       task=row.task_path, error=str(exc),
                       fix="correct it in the admin or with 'dbworker schedules edit'")
             return None
+
+
+def row_status(row: StoredSchedule, code: Collection[str],
+               now: datetime | None = None) -> tuple[datetime | None, str | None]:
+    """A row as a supervisor sees it: (its next run, None when it does not run; what is
+    wrong with it, or None)."""
+    if row.name in code:
+        return None, (f"not run: a schedule declared in code ({IN_CODE}) has this name and "
+                      "runs instead; rename or remove this one")
+    try:
+        schedule = to_schedule(row)
+    except InvalidSchedule as exc:
+        return None, f"not run: {exc}"
+    return (next_run(schedule, now) if row.enabled else None), None
