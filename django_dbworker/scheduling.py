@@ -11,6 +11,10 @@ A schedule is validated where it is declared (``@cron``, and the system check E0
 ``DBWORKER["SCHEDULES"]``): its cron expression must fire, its arguments must be JSON. One
 that still fails at run time (its task gone, its enqueue raising) is logged and skipped,
 never stopping the supervisor or the other schedules.
+
+Schedules stored in the database (``StoredSchedule`` rows, ``tasks/stored_schedules.py``)
+join them at run time: a supervisor's ``Scheduler`` reads the enabled rows every round, and
+a new or edited row counts its ticks from its last save. A code schedule wins a name clash.
 """
 
 from __future__ import annotations

@@ -214,6 +214,7 @@ def test_admin_form_refuses_bad_values_field_by_field(admin_client, code_schedul
 
 @pytest.mark.django_db
 def test_admin_saves_lists_next_run_and_enables_disables(admin_client):
+    assert admin_client.get(ADD_PAGE).status_code == 200
     page = admin_client.post(ADD_PAGE, form(kwargs=""))
     assert page.status_code == 302, page.context["adminform"].form.errors
     r = StoredSchedule.objects.get()
@@ -221,6 +222,8 @@ def test_admin_saves_lists_next_run_and_enables_disables(admin_client):
     assert r.updated_at > T0
     listing = admin_client.get(LIST).content.decode()
     assert "sched_a" in listing and "0 8 * * *" in listing and " 08:00:00 " in listing
+    change = reverse("admin:django_dbworker_storedschedule_change", args=[r.pk])
+    assert " 08:00:00 " in admin_client.get(change).content.decode(), "next run on its page"
     post = {"action": "disable_schedules", "index": "0", "_selected_action": [str(r.pk)]}
     admin_client.post(LIST, post)
     assert not StoredSchedule.objects.get().enabled
@@ -230,6 +233,21 @@ def test_admin_saves_lists_next_run_and_enables_disables(admin_client):
     row("sched_broken", task_path="tests.testapp.tasks.gone")
     listing = admin_client.get(LIST).content.decode()
     assert "not run: Stored schedule &#x27;sched_broken&#x27; is invalid" in listing
+
+
+@pytest.mark.django_db
+def test_admin_actions_need_the_change_permission(client):
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("staff", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_storedschedule"))
+    client.force_login(user)
+    r = row("sched_v")
+    page = client.get(LIST).content.decode()
+    assert "sched_v" in page and "disable_schedules" not in page
+    forged = client.post(LIST, {"action": "disable_schedules", "index": "0",
+                                "_selected_action": [str(r.pk)]})
+    assert forged.status_code == 403 and StoredSchedule.objects.get().enabled
 
 
 # ----- at run time -------------------------------------------------------------------------
