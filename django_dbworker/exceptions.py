@@ -48,6 +48,20 @@ class UnknownTask(DBWorkerError):
     """A task row names a function that is not a ``django.tasks`` task of an installed app."""
 
 
+class InvalidSchedule(DBWorkerError, ValueError):
+    """A stored schedule (the admin, ``manage.py dbworker schedules``) has a wrong value.
+
+    ``problems`` maps each wrong field to a message naming the value and the fix; nothing
+    was written. Fix those fields and save again.
+    """
+
+    def __init__(self, name: object, problems: dict[str, str]) -> None:
+        self.name = name
+        self.problems = dict(problems)
+        details = " ".join(f"{field}: {text}" for field, text in self.problems.items())
+        super().__init__(f"Stored schedule {name!r} is invalid. {details}")
+
+
 class TaskTimeout(DBWorkerError, TimeoutError):
     """A task ran longer than its ``timeout``; its process was stopped."""
 

@@ -11,6 +11,10 @@ A schedule is validated where it is declared (``@cron``, and the system check E0
 ``DBWORKER["SCHEDULES"]``): its cron expression must fire, its arguments must be JSON. One
 that still fails at run time (its task gone, its enqueue raising) is logged and skipped,
 never stopping the supervisor or the other schedules.
+
+Schedules stored in the database (``StoredSchedule`` rows, ``tasks/stored_schedules.py``)
+join them at run time: a supervisor's ``Scheduler`` reads the enabled rows every round, and
+a new or edited row counts its ticks from its last save. A code schedule wins a name clash.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
@@ -32,6 +36,9 @@ from django.tasks import Task
 from django.utils import timezone
 
 from .logs import log_event
+
+if TYPE_CHECKING:
+    from .tasks.stored_schedules import StoredSource
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,60}$")
 MISFIRE = ("skip", "latest", "all")
@@ -65,6 +72,12 @@ class Schedule:
             found.append(tick)
         return found
 
+    def next(self, after: datetime) -> datetime:
+        """The first tick after ``after`` (the next run shown by the admin and the CLI)."""
+        from croniter import croniter
+
+        return croniter(self.cron, after.astimezone(self.zone())).get_next(datetime)
+
     def previous(self, before: datetime) -> datetime:
         """The last tick before ``before``."""
         from croniter import croniter
@@ -89,11 +102,8 @@ def validate(schedule: Schedule) -> None:
         raise ImproperlyConfigured(
             f"{where}: task={schedule.task_path!r} must be the dotted path of a task."
         )
-    if not isinstance(schedule.cron, str) or not croniter.is_valid(schedule.cron):
-        raise ImproperlyConfigured(
-            f"{where}: {schedule.cron!r} is not a valid cron expression (five fields, "
-            "or six with seconds last, e.g. '*/5 * * * *')."
-        )
+    if (problem := cron_syntax_problem(schedule.cron)) is not None:
+        raise ImproperlyConfigured(f"{where}: {problem}")
     if schedule.misfire not in MISFIRE:
         raise ImproperlyConfigured(
             f"{where}: misfire={schedule.misfire!r}; use one of {', '.join(MISFIRE)}."
@@ -117,6 +127,22 @@ def validate(schedule: Schedule) -> None:
             "30th); fix the day and month fields."
         ) from None
     _check_arguments(where, schedule.args, schedule.kwargs)
+
+
+def cron_syntax_problem(expression: Any) -> str | None:
+    """Why ``expression`` is not a cron expression (croniter's reason and the fix), or None."""
+    from croniter import croniter
+
+    if isinstance(expression, str) and croniter.is_valid(expression):
+        return None
+    reason = "it is not text"
+    if isinstance(expression, str):
+        try:
+            croniter(expression)
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:  # CroniterBadCronError
+            reason = str(exc).strip() or type(exc).__name__
+    return (f"{expression!r} is not a valid cron expression ({reason}); give five fields, "
+            "or six with seconds last, e.g. '*/5 * * * *'.")
 
 
 def _check_arguments(where: str, args: Any, kwargs: Any) -> None:
@@ -232,18 +258,59 @@ class Scheduler:
     ERROR_INTERVAL = 60.0
 
     def __init__(self, schedules: dict[str, Schedule], now: datetime | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.schedules = schedules
+                 clock: Callable[[], float] = time.monotonic, *,
+                 stored: StoredSource | None = None) -> None:
+        #: The code-declared schedules; ``schedules`` adds the stored ones of the last round.
+        self.code = dict(schedules)
+        self.schedules = dict(schedules)
+        self.stored = stored
         self.clock = clock
-        start = now or timezone.now()
-        self.last = {
-            name: start - timedelta(seconds=s.misfire_window if s.misfire != "skip" else 0)
-            for name, s in schedules.items()
-        }
+        self.start = now or timezone.now()
+        self.last = {name: self._since_start(s) for name, s in schedules.items()}
         #: name -> the tick after which the next round goes on (misfire="all" catching up)
         self._resume: dict[str, datetime] = {}
         #: name -> (when it was last logged, failures not logged since)
         self._failures: dict[str, tuple[float, int]] = {}
+        #: stored schedule name -> the version in use (None before the first read)
+        self._stored: dict[str, Schedule] | None = None
+
+    def _since_start(self, s: Schedule) -> datetime:
+        """Where a schedule's ticks start when the scheduler starts: now, or as far back as
+        its misfire window for ``latest`` and ``all``."""
+        return self.start - timedelta(seconds=s.misfire_window if s.misfire != "skip" else 0)
+
+    def active(self) -> bool:
+        """Whether a round may have anything to do (stored schedules may appear any time)."""
+        return bool(self.schedules) or self.stored is not None
+
+    def refresh(self, now: datetime) -> None:
+        """Take the stored schedules as their rows are now: new and edited rows from their
+        last save on (misfires as far back as that save, never before it; a row first seen
+        after the first round no further back than ``RECENT``), disabled and deleted rows
+        gone. A code schedule of the same name wins (``StoredSource`` logs it)."""
+        if self.stored is None:
+            return
+        try:
+            rows = self.stored.read(self.code)
+        except Exception as exc:
+            if _database_away(exc):
+                raise
+            self._failed("(stored schedules)", "-", exc)  # the last rows read go on
+            return
+        first, self._stored = self._stored is None, self._stored or {}
+        for name in [n for n in self._stored if n not in rows]:
+            del self._stored[name], self.schedules[name]
+            self.last.pop(name, None)
+            self._resume.pop(name, None)
+        for name, (schedule, saved) in rows.items():
+            if self._stored.get(name) == schedule:
+                continue
+            since = max(saved, self._since_start(schedule))
+            if not first:
+                since = max(since, now - timedelta(seconds=self.RECENT))
+            self._stored[name] = self.schedules[name] = schedule
+            self.last[name] = since
+            self._resume.pop(name, None)
 
     def due(self, schedule: Schedule, now: datetime) -> list[datetime]:
         name = schedule.name
@@ -270,6 +337,7 @@ class Scheduler:
 
     def tick(self, now: datetime | None = None) -> int:
         now = now or timezone.now()
+        self.refresh(now)
         enqueued = 0
         for name, schedule in self.schedules.items():
             try:
@@ -279,20 +347,19 @@ class Scheduler:
                 if _database_away(exc):
                     raise  # the supervisor's outage back-off; these ticks are tried again
                 self._resume.pop(name, None)
-                self._failed(schedule, exc)
+                self._failed(schedule.name, schedule.task_path, exc)
             self.last[name] = self._resume.pop(name, now)
         return enqueued
 
-    def _failed(self, schedule: Schedule, exc: Exception) -> None:
+    def _failed(self, name: str, task_path: str, exc: Exception) -> None:
         at = self.clock()
-        logged, skipped = self._failures.get(schedule.name, (-math.inf, 0))
+        logged, skipped = self._failures.get(name, (-math.inf, 0))
         if at - logged < self.ERROR_INTERVAL:
-            self._failures[schedule.name] = (logged, skipped + 1)
+            self._failures[name] = (logged, skipped + 1)
             return
-        self._failures[schedule.name] = (at, 0)
-        log_event(logging.ERROR, "schedule_failed", schedule=schedule.name,
-                  task=schedule.task_path, error=_describe(exc), not_logged=skipped,
-                  next_log_in=self.ERROR_INTERVAL)
+        self._failures[name] = (at, 0)
+        log_event(logging.ERROR, "schedule_failed", schedule=name, task=task_path,
+                  error=_describe(exc), not_logged=skipped, next_log_in=self.ERROR_INTERVAL)
 
 
 def _describe(exc: BaseException) -> str:

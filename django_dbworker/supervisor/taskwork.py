@@ -17,6 +17,7 @@ from ..scheduling import Scheduler, schedules
 from ..tasks import registry as task_registry
 from ..tasks import store as taskstore
 from ..tasks.store import TaskClaim
+from ..tasks.stored_schedules import StoredSource
 from ..tasks.unit import is_task
 from .duties.base import Duty, Every
 from .duties.tasks import Cron, Retention, TaskStops
@@ -38,7 +39,8 @@ class TaskWork:
         self.limits = {path: t.rate_limit for path, t in known.items() if t.rate_limit}
         self.timeouts = {path: t.timeout_seconds for path, t in known.items()
                          if t.timeout_seconds}
-        self.scheduler = Scheduler(schedules() if schedule else {})
+        self.scheduler = Scheduler(schedules() if schedule else {},
+                                   stored=StoredSource() if schedule else None)
         self.cancels = Every(CANCEL_POLL)
         self.cron = Cron(self.scheduler)
         self.retention = Retention(config)

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import autodiscover_modules
 
-from django_dbworker.cli import OperationError, changes, render, reports, triggers
+from django_dbworker.cli import OperationError, changes, render, reports, schedules, triggers
 
 SCHEMA_VERSION = 1
 #: The largest --limit (a database LIMIT must fit its integer).
@@ -20,7 +20,8 @@ MAX_LIMIT = 2**31 - 1
 
 class Command(BaseCommand):
     help = ("Inspect and fix background work: inspect, stats, failed, dead, retry, reset, "
-            "cancel, purge, prune, triggers. 'manage.py dbworker SUBCOMMAND --help' for each.")
+            "cancel, purge, prune, triggers, schedules. 'manage.py dbworker SUBCOMMAND --help' "
+            "for each.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
@@ -64,6 +65,9 @@ class Command(BaseCommand):
         p.add_argument("--worker", action="append", dest="workers", metavar="WORKER",
                        help="Only this worker (repeatable; default: every worker).")
 
+        schedules.arguments(add("schedules", "Cron schedules (code-declared and stored) and "
+                                "their next run; add, edit, enable, disable, remove stored ones."))
+
     def _names(self, parser: CommandParser) -> None:
         parser.add_argument("--worker", action="append", dest="workers", metavar="WORKER")
         parser.add_argument("--queue", action="append", dest="queues", metavar="QUEUE")
@@ -74,6 +78,9 @@ class Command(BaseCommand):
         try:
             if name in ("retry", "reset", "cancel", "purge", "prune"):
                 self._change(name, options)
+            elif name == "schedules":
+                doc = schedules.run(options, lambda q: self._confirm(q, options["json"]))
+                self._print(name, doc, schedules.render, options["json"])
             else:
                 self._report(name, options)
         except OperationError as exc:
@@ -127,9 +134,12 @@ class Command(BaseCommand):
                     as_json)
 
     def _ask(self, plan: changes.Plan, as_json: bool) -> None:
+        self._confirm(render.plan(plan.as_dict(None)), as_json)
+
+    def _confirm(self, question: str, as_json: bool) -> None:
         # With --json, stdout carries only the document: the question goes to stderr.
         out = self.stderr if as_json else self.stdout
-        out.write(render.plan(plan.as_dict(None)))
+        out.write(question)
         out.write("Go ahead? [y/N] ", ending="")
         out.flush()
         try:

@@ -48,7 +48,8 @@ class TaskStops(Periodic):
 
 
 class Cron(Periodic):
-    """Every second, when schedules exist: enqueue the cron ticks that are due."""
+    """Every second, when schedules exist or may be stored: enqueue the cron ticks that are
+    due."""
 
     name = "cron"
 
@@ -57,7 +58,7 @@ class Cron(Periodic):
         self.scheduler = scheduler
 
     def due(self, now: float) -> bool:
-        return bool(self.scheduler.schedules) and super().due(now)
+        return self.scheduler.active() and super().due(now)
 
     def work(self, now: float) -> None:
         self.scheduler.tick()
