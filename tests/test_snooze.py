@@ -316,3 +316,18 @@ def test_snooze_in_a_row_handler_is_unfinished_with_that_delay(snoozing_rows):
     Execution.objects.filter(pk=execution.pk).update(available_at=timezone.now())
     assert run_until_idle(["snooze_rows"]) == {"finished": 1}
     assert Effect.objects.filter(worker="snooze_rows").count() == 1
+
+
+# ----- a real runworkers ----------------------------------------------------------------------
+
+@pytest.mark.processes
+def test_runworkers_runs_a_task_that_snoozes_twice_as_one_attempt(runworkers):
+    result = tasks.snooze_then_succeed.enqueue(times=2)
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default")
+    assert p.wait(120) == 0, p.output()
+    task = row(result)
+    assert task.status == TaskStatus.SUCCESSFUL, p.output()
+    assert (task.attempts, task.snoozes, task.crashes, task.errors) == (1, 2, 0, [])
+    assert task.return_value == {"attempt": 1, "snoozes": 2}
+    assert len(task.worker_ids) == 1
+    assert "3 units: successful 1, snoozed 2 |" in p.output(), p.output()
