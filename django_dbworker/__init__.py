@@ -9,6 +9,7 @@ __all__ = [
     "ExecutionStatus",
     "Finished",
     "Outcome",
+    "Snooze",
     "Unfinished",
     "cancel",
     "cron",
@@ -20,7 +21,7 @@ __all__ = [
 ]
 
 from .context import Context
-from .outcomes import Finished, Outcome, Unfinished
+from .outcomes import Finished, Outcome, Snooze, Unfinished
 
 if TYPE_CHECKING:
     from .models import ExecutionStatus

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 MAX_BACKOFF_FACTOR = 1000.0
 #: Attempts after the first, at most (an attempt number is a database integer).
 MAX_RETRIES = 1_000_000
+#: Most ``max_snoozes`` (``TaskRecord.snoozes`` is a database integer).
+MAX_SNOOZES = 1_000_000_000
 #: TaskRecord.queue_name's max_length.
 MAX_QUEUE_NAME_LENGTH = 100
 #: Options of ``TASKS[alias]["OPTIONS"]`` a DBWorkerBackend knows, and their types.
@@ -513,4 +515,8 @@ def _validate_options(where: str, task: DBWorkerTask) -> None:
     # ----- concurrency (flow control) -----
 
     # ----- snooze (flow control) -----
-
+    snoozes = task.max_snoozes
+    if isinstance(snoozes, bool) or not isinstance(snoozes, int) \
+            or not 0 <= snoozes <= MAX_SNOOZES:
+        raise InvalidTask(f"{where}: max_snoozes={snoozes!r} must be an integer from 0 (a "
+                          f"snooze always counts as a failed attempt) to {MAX_SNOOZES}.")

@@ -81,3 +81,12 @@ class TriggerUnavailable(DBWorkerError):
     view, or it does not exist yet. Without triggers the sweep finds its rows; fix the
     cause, or leave that worker out (``--worker``).
     """
+
+
+class SnoozeLimitExceeded(DBWorkerError):
+    """A task raised ``Snooze`` more often than its ``max_snoozes``: this snooze counts as a
+    failed attempt (retried as any other, per ``retries`` and ``retry_for``).
+
+    Raise ``max_snoozes`` in the task's ``@task(...)``, or stop snoozing: fail, or finish
+    with what the task can do now.
+    """

@@ -422,7 +422,8 @@ class TaskRecord(models.Model):
         return {
             "kind": "task", "id": str(self.pk), "task": self.task_path,
             "queue": self.queue_name, "status": self.status, "priority": self.priority,
-            "attempts": self.attempts, "crashes": self.crashes, "args": self.args,
+            "attempts": self.attempts, "crashes": self.crashes, "snoozes": self.snoozes,
+            "args": self.args,
             "kwargs": self.kwargs, "result": self.return_value,
             "enqueued_at": self.enqueued_at, "run_after": self.run_after,
             "available_at": self.available_at, "started_at": self.started_at,
@@ -438,8 +439,8 @@ class TaskRecord(models.Model):
 
 #: The keys of ``TaskRecord.as_dict()``, in order.
 TASK_KEYS = (
-    "kind", "id", "task", "queue", "status", "priority", "attempts", "crashes", "args",
-    "kwargs", "result", "enqueued_at", "run_after", "available_at", "started_at",
+    "kind", "id", "task", "queue", "status", "priority", "attempts", "crashes", "snoozes",
+    "args", "kwargs", "result", "enqueued_at", "run_after", "available_at", "started_at",
     "last_attempted_at", "finished_at", "cancel_requested_at", "claimed_host", "claimed_pid",
     "progress", "progress_message", "idempotency_key", "error", "errors",
 )

@@ -1,5 +1,6 @@
-"""What a handler returns: ``Finished()`` or ``Unfinished(delay=...)``; and ``RunOutcome``,
-what became of one run of a unit, as it is logged and counted."""
+"""What a handler returns: ``Finished()`` or ``Unfinished(delay=...)``; what a task raises to
+run later without using an attempt: ``Snooze(seconds)``; and ``RunOutcome``, what became of
+one run of a unit, as it is logged and counted."""
 
 from __future__ import annotations
 
@@ -23,24 +24,8 @@ class Unfinished:
     delay: float | timedelta | None = None
 
     def __post_init__(self) -> None:
-        delay = self.delay
-        if delay is None:
-            return
-        if isinstance(delay, bool) or not isinstance(delay, int | float | timedelta):
-            raise TypeError(
-                f"Unfinished(delay={delay!r}): delay must be a number of seconds or a "
-                "timedelta."
-            )
-        seconds = self.seconds
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(
-                f"Unfinished(delay={delay!r}): delay must be a finite number of seconds >= 0."
-            )
-        if seconds > MAX_DELAY:
-            raise ValueError(
-                f"Unfinished(delay={delay!r}): delay must be at most {MAX_DELAY:g} seconds "
-                "(ten years); a longer one overflows the date of the next attempt."
-            )
+        if self.delay is not None:
+            _checked_seconds(self.delay, f"Unfinished(delay={self.delay!r})")
 
     @property
     def seconds(self) -> float:
@@ -54,6 +39,40 @@ class Unfinished:
 type Outcome = Finished | Unfinished
 
 
+def _checked_seconds(delay: object, where: str) -> float:
+    """``delay`` (seconds or a timedelta) as seconds, or the error naming it and the fix."""
+    if isinstance(delay, bool) or not isinstance(delay, int | float | timedelta):
+        raise TypeError(f"{where}: delay must be a number of seconds or a timedelta.")
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{where}: delay must be a finite number of seconds >= 0.")
+    if seconds > MAX_DELAY:
+        raise ValueError(
+            f"{where}: delay must be at most {MAX_DELAY:g} seconds (ten years); a longer one "
+            "overflows the date of the next attempt."
+        )
+    return seconds
+
+
+class Snooze(Exception):
+    """Raised by a task: "not now, run me again in ``delay``" (seconds or a timedelta).
+
+    The task goes back to READY, available after the delay, without using an attempt and
+    without an entry in its errors; its ``snoozes`` count goes up by one. More than the
+    task's ``max_snoozes`` (default 100) and a snooze counts as a failed attempt
+    (``SnoozeLimitExceeded``), retried like any other. A bad delay raises ``TypeError`` or
+    ``ValueError`` here, naming it: that attempt fails with that message.
+    """
+
+    def __init__(self, delay: float | timedelta) -> None:
+        self.seconds = _checked_seconds(delay, f"Snooze({delay!r})")
+        self.delay = delay
+        super().__init__(delay)
+
+    def __str__(self) -> str:
+        return f"snoozed for {self.seconds:g} seconds"
+
+
 class RunOutcome(StrEnum):
     """What became of one run of a unit (an execution or a task), as data: the event name
     of its log line and the key of the supervisor's counts. In the order people see them.
@@ -65,6 +84,8 @@ class RunOutcome(StrEnum):
     SUCCESSFUL = "successful"
     #: The handler returned ``Unfinished()``: the execution is UNFINISHED, to be run again.
     UNFINISHED = "unfinished"
+    #: The task raised ``Snooze``: READY again after its delay, no attempt used.
+    SNOOZED = "snoozed"
     #: The task raised and has retries left: it is RETRYING.
     RETRYING = "retrying"
     #: The handler or task raised (for good, for a task): FAILED, the failure recorded.

@@ -239,7 +239,7 @@ def test_run_outcomes_are_the_names_the_runners_log():
     from django_dbworker.tasks import runner as task_runner
 
     logged = {runner.FINISHED, runner.UNFINISHED, runner.FAILED, runner.LOST, runner.GONE,
-              task_runner.SUCCESSFUL, task_runner.RETRYING, task_runner.FAILED,
-              task_runner.LOST, "crashed"}
+              task_runner.SUCCESSFUL, task_runner.SNOOZED, task_runner.RETRYING,
+              task_runner.FAILED, task_runner.LOST, "crashed"}
     assert set(RunOutcome) == logged
     assert RunOutcome.LEASE_LOST == "lease_lost" and str(RunOutcome.GONE) == "gone"

@@ -59,7 +59,8 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
                    "stopped")
     fieldsets = [
         (None, {"fields": ["id", "task_path", "status_badge", "queue_name", "priority",
-                           "backend", "attempts", "crashes", "schedule", "idempotency_key"]}),
+                           "backend", "attempts", "crashes", "snoozes", "schedule",
+                           "idempotency_key"]}),
         ("Call", {"fields": ["args_display", "kwargs_display", "result_display"]}),
         ("Progress", {"fields": ["progress_bar"]}),
         ("Times", {"fields": ["enqueued_at", "run_after", "available_at", "started_at",
@@ -106,8 +107,9 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
         return obj.priority
 
     @admin.display(description="tries", ordering="attempts")
-    def tries(self, obj: TaskRecord) -> int:
-        return obj.attempts
+    def tries(self, obj: TaskRecord) -> str:
+        """Attempts, and the snoozes beside them (they use none): "1 (+2 snoozed)"."""
+        return f"{obj.attempts} (+{obj.snoozes} snoozed)" if obj.snoozes else str(obj.attempts)
 
     @admin.display(description="progress", ordering="progress")
     def progress_column(self, obj: TaskRecord) -> SafeString | str:

@@ -107,10 +107,16 @@ def stats(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _tries(u: dict[str, Any]) -> str:
+    """A task's attempts, and its snoozes beside them (they use none)."""
+    snoozes = u.get("snoozes")
+    return f"{u['attempts']} (+{snoozes} snoozed)" if snoozes else str(u["attempts"])
+
+
 def failed(doc: dict[str, Any], traceback: bool) -> str:
     rows = [("execution", u["id"], f"{u['worker']}[{u['source_id']}]", u["attempts"],
              u["finished_at"], units.last_error(u)) for u in doc["executions"]]
-    rows += [("task", u["id"], u["task"], u["attempts"], u["finished_at"],
+    rows += [("task", u["id"], u["task"], _tries(u), u["finished_at"],
               units.last_error(u)) for u in doc["tasks"]]
     c = doc["counts"]
     out = [table(["kind", "id", "unit", "attempts", "failed at", "error"], rows),

@@ -20,7 +20,7 @@ from ..db import TransactionEnded, engine, sources
 from ..db.connections import TransactionCheck, connected
 from ..exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from ..logs import log_event
-from ..outcomes import Finished, Result, RunOutcome, Unfinished
+from ..outcomes import Finished, Result, RunOutcome, Snooze, Unfinished
 from ..registry import Worker, workers
 from . import keys, pending, store
 from .store import Claim, FailureInfo
@@ -43,10 +43,13 @@ def run(c: Claim) -> Result:
     token = pending.running.set(pending.Running(c.execution_id, c.worker, c.source_key))
     unit = progress.current.set(progress.Unit("execution", str(c.execution_id)))
     try:
-        if worker.transactional:
-            outcome = _run_in_transaction(worker, c)
-        else:
-            outcome = _run_then_record(worker, c)
+        try:
+            if worker.transactional:
+                outcome = _run_in_transaction(worker, c)
+            else:
+                outcome = _run_then_record(worker, c)
+        except Snooze as exc:
+            outcome = _snoozed(worker, c, exc)
     except LeaseLost as exc:
         return _result(c, LOST, started, str(exc), level=logging.WARNING)
     except _SourceGone:
@@ -129,6 +132,13 @@ def _run_in_transaction(worker: Worker, c: Claim) -> RunOutcome:
                 "transactional worker."
             )
         return _record(worker, c, outcome, check)
+
+
+def _snoozed(worker: Worker, c: Claim, exc: Snooze) -> RunOutcome:
+    """The handler raised ``Snooze``: recorded as ``Unfinished(delay=...)``, in a
+    transaction of its own (a transactional handler's writes rolled back with the raise)."""
+    with transaction.atomic(using=conf.get().DATABASE):
+        return _record(worker, c, Unfinished(delay=exc.seconds))
 
 
 def _ended_itself(worker: Worker) -> HandlerTransactionError:

@@ -76,7 +76,7 @@ class Shared:
 FRESH: dict[str, Any] = {
     "status": TaskStatus.READY, "started_at": None, "last_attempted_at": None,
     "finished_at": None, "errors": (), "worker_ids": (), "return_value": None,
-    "progress": None, "progress_message": "",
+    "progress": None, "progress_message": "", "snoozes": 0,
 }
 
 

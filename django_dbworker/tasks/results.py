@@ -22,7 +22,8 @@ DJANGO_STATUS = {
     TaskStatus.FAILED: TaskResultStatus.FAILED,
     TaskStatus.CANCELLED: TaskResultStatus.FAILED,
 }
-OUR_ATTRS = ("dbworker_status", "progress", "progress_message", "idempotency_key")
+OUR_ATTRS = ("dbworker_status", "progress", "progress_message", "idempotency_key",
+             "snoozes")
 
 
 # Django's TaskResult is a frozen dataclass; django-stubs 6.1.2 declare it without frozen=True.
@@ -34,6 +35,8 @@ class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
     progress: float | None = None
     progress_message: str = ""
     idempotency_key: str | None = None
+    #: Times the task raised ``Snooze`` (not attempts: ``attempts`` does not count them).
+    snoozes: int = 0
 
     def refresh(self) -> None:
         fresh = self.task.get_backend().get_result(self.id)
@@ -74,6 +77,7 @@ def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorker
         progress=row.progress,
         progress_message=row.progress_message,
         idempotency_key=row.idempotency_key,
+        snoozes=row.snoozes,
     )
     object.__setattr__(result, "_return_value", row.return_value)
     return result

@@ -24,10 +24,10 @@ from ..db.connections import connected
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..logs import log_event
 from ..models import TaskStatus
-from ..outcomes import Result, RunOutcome
+from ..outcomes import Result, RunOutcome, Snooze
 from ..rows.store import FailureInfo, class_path, format_traceback, recording, safe_message
 from . import registry as task_registry
-from . import retry
+from . import retry, snooze
 from . import store as taskstore
 from .completions import Kept
 from .results import to_result
@@ -37,6 +37,7 @@ logger = logging.getLogger("django_dbworker")
 
 SUCCESSFUL, RETRYING = RunOutcome.SUCCESSFUL, RunOutcome.RETRYING
 FAILED, LOST = RunOutcome.FAILED, RunOutcome.LEASE_LOST
+SNOOZED = RunOutcome.SNOOZED
 
 #: How many times a task's status change runs when it loses to another transaction.
 RECORD_TRIES = 4
@@ -75,6 +76,8 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
         try:
             value = _call(task, result, row.args, row.kwargs)
             value = _json_value(task, value)
+        except Snooze as exc:
+            return _snoozed(task, c, row.snoozes, exc, started)
         except (OperationalError, InterfaceError) as exc:
             if not connected(conf.get().DATABASE):
                 raise
@@ -174,6 +177,26 @@ def _failed(task: Any, c: TaskClaim, exc: BaseException, started: float) -> Resu
     _callback(task, "on_failure", c, exc)
     _finished_signal(task, c)
     return _result(c, FAILED, started, message, level=logging.ERROR)
+
+
+def _snoozed(task: Any, c: TaskClaim, snoozed: int, exc: Snooze, started: float) -> Result:
+    """The task raised ``Snooze``: READY again after its delay, no attempt used; beyond
+    its ``max_snoozes`` a failed attempt; CANCELLED if a cancel was asked for meanwhile."""
+    over = snooze.limit_exceeded(task, c, snoozed)
+    if over is not None:
+        over.__cause__ = exc  # its traceback shows where the task snoozed
+        return _failed(task, c, over, started)
+    _reset_connection()
+    with recording("its snooze"):
+        changed = _retried(lambda: snooze.record(c, exc.seconds))
+    if changed:
+        return _result(c, SNOOZED, started, seconds_later=round(exc.seconds, 3))
+    if snooze.cancel_requested(c):
+        info = FailureInfo("django_dbworker.exceptions.TaskCancelled",
+                           "the task was cancelled while it ran; it snoozed, so it stops")
+        if record_stopped(c.task_path, c, info, status=TaskStatus.CANCELLED):
+            return _result(c, FAILED, started, info.message, level=logging.WARNING)
+    return _result(c, LOST, started, LOST_WHY)
 
 
 def record_stopped(task_path: str, c: TaskClaim, info: FailureInfo, *,

@@ -9,6 +9,8 @@
     RUNNING     -> READY        release (its process died or it was cut off), reap
     RUNNING     -> READY        unclaim: claimed ahead, given back before it ran (the
                                 attempt and its worker id are taken back)
+    RUNNING     -> READY        snooze: the task raised Snooze, available after its delay
+                                (the attempt and its worker id taken back, snoozes + 1)
     READY       -> CANCELLED    cancel
     RETRYING    -> CANCELLED    cancel
     RUNNING     -> CANCELLED    cancel: the supervisor stops its process, then records it
@@ -53,6 +55,7 @@ TRANSITIONS: dict[str, Transition] = {
         TaskStatus.SUCCESSFUL, TaskStatus.RETRYING, TaskStatus.FAILED, TaskStatus.READY,
         TaskStatus.CANCELLED}),
     "unclaim": Transition({TaskStatus.RUNNING}, to={TaskStatus.READY}),
+    "snooze": Transition({TaskStatus.RUNNING}, to={TaskStatus.READY}),
     "cancel_waiting": Transition({TaskStatus.READY, TaskStatus.RETRYING},
                                  to={TaskStatus.CANCELLED}),
     "cancel_running": Transition({TaskStatus.RUNNING}, to={TaskStatus.CANCELLED}),

@@ -243,3 +243,43 @@ def guard_subprocess_status():
     import subprocess
 
     return subprocess.run(["sh", "-c", "exit 3"]).returncode
+
+
+# ----- snooze (tests/test_snooze.py) ---------------------------------------------------------
+
+
+@task(takes_context=True)
+def snooze_then_succeed(context, times, delay=0):
+    """Snoozes until it has snoozed ``times`` times, then returns what it saw."""
+    from django_dbworker import Snooze
+
+    result = context.task_result
+    Effect.objects.create(item_id=result.snoozes, worker="snooze_then_succeed",
+                          pid=os.getpid())
+    if result.snoozes < times:
+        set_progress(10 * (result.snoozes + 1), "waiting")
+        raise Snooze(delay)
+    return {"attempt": context.attempt, "snoozes": result.snoozes}
+
+
+@task(max_snoozes=2, retries=1, retry_delay=0, on_failure=record_failure)
+def snooze_forever(delay=0):
+    from django_dbworker import Snooze
+
+    raise Snooze(delay)
+
+
+@task(max_snoozes=0, retries=2, retry_delay=0, retry_for=(TimeoutError,))
+def snooze_never_allowed():
+    from django_dbworker import Snooze
+
+    raise Snooze(10)
+
+
+@task(retries=1, retry_delay=0)
+def snooze_bad(delay):
+    from datetime import timedelta
+
+    from django_dbworker import Snooze
+
+    raise Snooze(timedelta(seconds=delay["seconds"]) if isinstance(delay, dict) else delay)
