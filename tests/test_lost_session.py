@@ -47,3 +47,22 @@ def test_a_session_ended_mid_handler_gives_the_unit_back(opened):
     execution.refresh_from_db()
     assert execution.state == State.FINISHED
     assert Effect.objects.filter(item_id=item.pk, worker="touch").count() == 1
+
+
+@pytest.mark.parametrize("opened", [True, False], ids=["connection-open", "none-open"])
+def test_a_task_whose_session_ends_in_its_own_atomic_goes_back_unfailed(opened):
+    from django_dbworker.models import TaskRecord, TaskStatus
+    from django_dbworker.tasks import store as taskstore
+    from tests.testapp import tasks
+
+    result = tasks.drop_session_in_atomic.enqueue()
+    (c,) = taskstore.claim(None, 1, Claimant(), 30)
+    if not opened:
+        connection.close()
+    report: list[tuple] = []
+    child.run_one(0, c, "default", report)
+
+    assert [kind for _, kind, *_ in report] == ["db_error"], report
+    row = TaskRecord.objects.get(pk=result.id)
+    assert (row.status, row.errors) == (TaskStatus.RUNNING, []), (row.status, row.errors)
+    assert not Effect.objects.filter(worker="drop_session_in_atomic").exists()

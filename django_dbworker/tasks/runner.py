@@ -72,6 +72,10 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
     task_started.send(type(task.get_backend()), task_result=result)
     unit = progress.Unit("task", str(c.task_id))
     token = progress.current.set(unit)
+    # The connection the task starts on: leaving an atomic() of the task after the server
+    # ended its session makes Django open a new one at once, which answers, so only the
+    # comparison with this one tells a lost session from the task's own error.
+    raw = _raw_connection()
     try:
         try:
             value = _call(task, result, row.args, row.kwargs)
@@ -79,7 +83,7 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
         except Snooze as exc:
             return _snoozed(task, c, row.snoozes, exc, started)
         except (OperationalError, InterfaceError) as exc:
-            if not connected(conf.get().DATABASE):
+            if not connected(conf.get().DATABASE, raw):
                 raise
             return _failed(task, c, exc, started)
         except BaseException as exc:
@@ -285,6 +289,13 @@ def _finished_signal(task: Any, c: TaskClaim, row: Any = None, result: Any = Non
         result = to_result(row, task.backend, task)
     if result.status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED):
         task_finished.send(type(task.get_backend()), task_result=result)
+
+
+def _raw_connection() -> Any:
+    """The DB-API connection the task starts on (opened now if none is)."""
+    connection = connections[conf.get().DATABASE]
+    connection.ensure_connection()
+    return connection.connection
 
 
 def _reset_connection() -> None:

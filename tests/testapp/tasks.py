@@ -283,3 +283,15 @@ def snooze_bad(delay):
     from django_dbworker import Snooze
 
     raise Snooze(timedelta(seconds=delay["seconds"]) if isinstance(delay, dict) else delay)
+
+
+@task(retries=3, retry_delay=0)
+def drop_session_in_atomic():
+    """test_lost_session: the server ends the task's session inside its own atomic()."""
+    from django.db import transaction
+
+    from .workers import _drop_own_session
+
+    with transaction.atomic():
+        Effect.objects.create(item_id=0, worker="drop_session_in_atomic")
+        _drop_own_session()
