@@ -45,10 +45,11 @@ CANCEL = Change(
 @admin.register(TaskRecord)
 class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     list_display = ["short_id", "name", "queue", "status_badge", "prio", "tries", "progress_column",
-                    "runs_after", "duration"]
+                    "runs_after", "duration", "key"]
     list_filter = ["status", "queue_name", "task_path"]
-    search_fields = ["task_path", "idempotency_key"]
-    search_help_text = "A task id, or part of a task's dotted path or idempotency key."
+    search_fields = ["task_path", "idempotency_key", "unique_key"]
+    search_help_text = ("A task id, or part of a task's dotted path, idempotency key or "
+                        "unique key.")
     ordering = ["-enqueued_at"]
     list_per_page = 50
     show_full_result_count = False
@@ -59,7 +60,8 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
                    "stopped")
     fieldsets = [
         (None, {"fields": ["id", "task_path", "status_badge", "queue_name", "priority",
-                           "backend", "attempts", "crashes", "schedule", "idempotency_key"]}),
+                           "backend", "attempts", "crashes", "schedule", "idempotency_key",
+                           "unique_key"]}),
         ("Call", {"fields": ["args_display", "kwargs_display", "result_display"]}),
         ("Progress", {"fields": ["progress_bar"]}),
         ("Times", {"fields": ["enqueued_at", "run_after", "available_at", "started_at",
@@ -125,6 +127,10 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     def duration(self, obj: TaskRecord) -> str:
         return display.duration(obj.last_attempted_at, obj.finished_at,
                                 running=obj.status == TaskStatus.RUNNING)
+
+    @admin.display(description="unique key", ordering="unique_key")
+    def key(self, obj: TaskRecord) -> str:
+        return obj.unique_key or display.EMPTY
 
     @admin.display(description="arguments")
     def args_display(self, obj: TaskRecord) -> SafeString | str:

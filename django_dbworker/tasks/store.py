@@ -470,7 +470,11 @@ def cancel_requested(task_ids: list[uuid.UUID]) -> list[uuid.UUID]:
 
 
 def prune_batch(cutoff: datetime, batch: int) -> int:
-    """Delete up to ``batch`` tasks that finished before ``cutoff``."""
+    """Delete up to ``batch`` tasks that finished before ``cutoff`` (and up to ``batch``
+    uniqueness keys that hold nothing: ``uniqueness.forget_batch``)."""
+    from . import uniqueness
+
+    uniqueness.forget_batch(batch)
     using = _alias()
     ids = list(
         TaskRecord.objects.using(using).finished()
@@ -488,6 +492,9 @@ def prune(older_than: timedelta, batch: int) -> int:
     deleted = 0
     while n := prune_batch(cutoff, batch):
         deleted += n
+    from . import uniqueness
+
+    uniqueness.forget(batch)  # the keys of the tasks just deleted
     return deleted
 
 
