@@ -287,22 +287,27 @@ def test_a_failing_enqueue_in_your_transaction_leaves_nothing():
 # ----- retention, admin, CLI ---------------------------------------------------------------
 
 
-def test_retention_forgets_keys_that_hold_nothing():
+def test_retention_deletes_the_keys_of_the_tasks_it_deletes():
     held = tasks.unique_report.enqueue(1)
     done = tasks.unique_report.using(unique_key="done").enqueue(2)
-    gone = tasks.unique_report.using(unique_key="gone").enqueue(3)
-    with at(datetime(2025, 12, 2, 14, tzinfo=UTC)):
+    with at(datetime(2025, 12, 2, 14, 59, tzinfo=UTC)):
         period = tasks.unique_hourly.enqueue(4)
-    TaskRecord.objects.filter(pk__in=[done.id, period.id]).update(
-        status=TaskStatus.SUCCESSFUL, finished_at=timezone.now() - timedelta(days=30))
-    TaskRecord.objects.filter(pk=gone.id).delete()
-    assert uniqueness.forget_batch(1) == 1
-    assert uniqueness.forget() == 1
+    recent = tasks.unique_report.using(unique_key="recent").enqueue(5)
+    plain = tasks.add.enqueue(1, 1)
+    old = timezone.now() - timedelta(days=30)
+    TaskRecord.objects.filter(pk__in=[done.id, period.id, plain.id]).update(
+        status=TaskStatus.SUCCESSFUL, finished_at=old)
+    TaskRecord.objects.filter(pk=recent.id).update(status=TaskStatus.SUCCESSFUL,
+                                                   finished_at=timezone.now())
+    # A key taken over by a newer task stays: the delete names its holder.
+    taken = tasks.unique_report.using(unique_key="taken").enqueue(6)
+    TaskRecord.objects.filter(pk=taken.id).update(status=TaskStatus.FAILED, finished_at=old)
+    newer = tasks.unique_report.using(unique_key="taken").enqueue(7)
+    assert taskstore.prune(timedelta(days=7), 2) == 4
     assert sorted(TaskUniqueness.objects.values_list("unique_key", flat=True)) == [
-        "hourly", "report"], "a finished period holder keeps its period"
-    assert taskstore.prune(timedelta(days=7), 1000) == 2
-    assert [str(t) for t in TaskUniqueness.objects.values_list("task_id", flat=True)] == \
-        [held.id]
+        "recent", "report", "taken"]
+    assert {str(t) for t in TaskUniqueness.objects.values_list("task_id", flat=True)} == {
+        held.id, recent.id, newer.id}
 
 
 def test_the_cli_and_the_admin_show_the_key(admin_client):

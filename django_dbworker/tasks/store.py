@@ -470,11 +470,10 @@ def cancel_requested(task_ids: list[uuid.UUID]) -> list[uuid.UUID]:
 
 
 def prune_batch(cutoff: datetime, batch: int) -> int:
-    """Delete up to ``batch`` tasks that finished before ``cutoff`` (and up to ``batch``
-    uniqueness keys that hold nothing: ``uniqueness.forget_batch``)."""
+    """Delete up to ``batch`` tasks that finished before ``cutoff``, and the uniqueness
+    keys they hold (``uniqueness.forget_holders``)."""
     from . import uniqueness
 
-    uniqueness.forget_batch(batch)
     using = _alias()
     ids = list(
         TaskRecord.objects.using(using).finished()
@@ -483,6 +482,7 @@ def prune_batch(cutoff: datetime, batch: int) -> int:
     )
     if not ids:
         return 0
+    uniqueness.forget_holders(ids)
     return TaskRecord.objects.using(using).filter(pk__in=ids).delete()[0]
 
 
@@ -492,9 +492,6 @@ def prune(older_than: timedelta, batch: int) -> int:
     deleted = 0
     while n := prune_batch(cutoff, batch):
         deleted += n
-    from . import uniqueness
-
-    uniqueness.forget(batch)  # the keys of the tasks just deleted
     return deleted
 
 

@@ -34,6 +34,7 @@ from .. import conf
 from ..db import engine, notify
 from ..models import TaskRecord, TaskStatus, TaskUniqueness
 from . import enqueue as newtasks
+from . import registry as task_registry
 
 if TYPE_CHECKING:
     from ..backend import DBWorkerBackend, DBWorkerTask
@@ -296,30 +297,25 @@ class Plan:
 # ----- retention ------------------------------------------------------------------------
 
 
-def forget_batch(batch: int) -> int:
-    """Delete up to ``batch`` key rows that hold nothing: their task is gone (pruned,
-    purged), or, for a key held by state, has finished. A row an enqueue points at another
-    task meanwhile is kept (the delete names each row's task too)."""
-    from django.db.models import Exists, OuterRef, Q
-
+def forget_holders(task_ids: Sequence[Any]) -> int:
+    """Delete the key rows held by these tasks, which retention is about to delete; how many
+    went. Each row is found by its primary key (the digest, made again from the task's
+    path, key and, for a key by period, the period its ``enqueued_at`` is in by the task's
+    ``unique_for``): the cost is that of the tasks pruned, not of all keys. A row an enqueue
+    has pointed at a newer task is kept (the delete names the task too)."""
     using = conf.get().DATABASE
-    holder = TaskRecord.objects.using(using).filter(pk=OuterRef("task_id"))
-    stale = list(TaskUniqueness.objects.using(using).filter(
-        ~Exists(holder)
-        | Q(period_start__isnull=True) & ~Exists(holder.filter(status__in=HOLDING["active"]))
-    ).values_list("digest", "task_id")[:batch])
-    if not stale:
+    rows = TaskRecord.objects.using(using).filter(pk__in=list(task_ids)).exclude(
+        unique_key="").values_list("pk", "task_path", "unique_key", "enqueued_at")
+    known = task_registry.known()
+    digests, holders = set(), []
+    for pk, path, key, enqueued_at in rows:
+        holders.append(pk)
+        digests.add(digest(path, key, None))
+        period = getattr(known.get(path), "unique_for", None)
+        if period is not None:
+            seconds = period.total_seconds() if isinstance(period, timedelta) else period
+            digests.add(digest(path, key, period_start(enqueued_at, seconds)))
+    if not holders:
         return 0
-    # A task holds one key only: these two lists name exactly the pairs found.
     return TaskUniqueness.objects.using(using).filter(
-        digest__in=[d for d, _ in stale], task_id__in=[t for _, t in stale]).delete()[0]
-
-
-def forget(batch: int = 1000) -> int:
-    """``forget_batch`` until nothing is left to forget; how many rows went."""
-    deleted = 0
-    while n := forget_batch(batch):
-        deleted += n
-        if n < batch:
-            break
-    return deleted
+        digest__in=sorted(digests), task_id__in=holders).delete()[0]
