@@ -334,12 +334,16 @@ def test_the_cli_and_the_admin_show_the_key(admin_client):
 # ----- the race ----------------------------------------------------------------------------
 
 RACER = """
-import sys, threading, time, django
+import sys, time, django
 django.setup()
 from dataclasses import replace
+from django.db import connection
 from tests.testapp.tasks import unique_report
-task = replace(unique_report, on_duplicate=sys.argv[2])
-time.sleep(max(0, float(sys.argv[1]) - time.time()))
+task = replace(unique_report, on_duplicate=sys.argv[1])
+connection.ensure_connection()
+print("ready", flush=True)
+start_at = float(sys.stdin.readline())
+time.sleep(max(0, start_at - time.time()))
 print(task.enqueue("process").id)
 """
 
@@ -348,25 +352,29 @@ print(task.enqueue("process").id)
 @pytest.mark.parametrize("holder", ["none", "finished"])
 def test_one_task_from_8_threads_and_2_processes_at_once(holder, on_duplicate):
     """The same key enqueued by 8 threads here and 2 other processes at the same instant
-    gives exactly one new task (and, where the key's holder had finished, takes it over
-    once); no enqueue fails (SQLite: they wait for the write lock)."""
+    (each connected first, then released together) gives exactly one new task (and, where
+    the key's holder had finished, takes it over once); no enqueue fails (SQLite: they
+    wait for the write lock)."""
     if holder == "finished":
         old = tasks.unique_report.enqueue("old")
         TaskRecord.objects.filter(pk=old.id).update(status=TaskStatus.SUCCESSFUL)
-    start_at = time.time() + 2.5
     env = {**os.environ, "DBWORKER_TEST_DB_NAME": connection.settings_dict["NAME"],
            "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(start_at), on_duplicate],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, on_duplicate], cwd=ROOT, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     racing = replace(tasks.unique_report, on_duplicate=on_duplicate)
     ids, errors = [], []
+    ready = threading.Barrier(9)
+    start_at = []
 
     def enqueue(n):
         from django.db import connection as own
 
         try:
-            time.sleep(max(0, start_at - time.time()))
+            own.ensure_connection()
+            ready.wait(timeout=60)
+            time.sleep(max(0, start_at[0] - time.time()))
             ids.append(racing.enqueue(f"thread {n}").id)
         except Exception as exc:
             errors.append(exc)
@@ -376,6 +384,13 @@ def test_one_task_from_8_threads_and_2_processes_at_once(holder, on_duplicate):
     threads = [threading.Thread(target=enqueue, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
+    for p in procs:  # each process has set Django up and connected
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()[-3000:]
+    start_at.append(time.time() + 0.3)
+    ready.wait(timeout=60)
+    for p in procs:
+        p.stdin.write(f"{start_at[0]}\n")
+        p.stdin.flush()
     for t in threads:
         t.join()
     outputs = [p.communicate(timeout=90) for p in procs]
