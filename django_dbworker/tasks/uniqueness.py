@@ -55,8 +55,6 @@ MAX_KEY_LENGTH = 255
 TRIES = 5
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-type Key = str | Callable[..., str]
-
 
 # ----- declaration ----------------------------------------------------------------------
 
