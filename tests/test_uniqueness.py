@@ -324,7 +324,7 @@ def test_the_cli_and_the_admin_show_the_key(admin_client):
     call_command("dbworker", "failed", stdout=out)
     assert "unique_report [report]" in out.getvalue()
     page = admin_client.get("/admin/django_dbworker/taskrecord/").content.decode()
-    assert "unique key" in page and ">report<" in page
+    assert '<small class="dbw-key" title="unique key">key: report</small>' in page
     page = admin_client.get(f"/admin/django_dbworker/taskrecord/{result.id}/change/")
     assert "Unique key" in page.content.decode() and "report" in page.content.decode()
     found = admin_client.get("/admin/django_dbworker/taskrecord/?q=repo").content.decode()

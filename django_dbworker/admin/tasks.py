@@ -45,7 +45,7 @@ CANCEL = Change(
 @admin.register(TaskRecord)
 class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     list_display = ["short_id", "name", "queue", "status_badge", "prio", "tries", "progress_column",
-                    "runs_after", "duration", "key"]
+                    "runs_after", "duration"]
     list_filter = ["status", "queue_name", "task_path"]
     search_fields = ["task_path", "idempotency_key", "unique_key"]
     search_help_text = ("A task id, or part of a task's dotted path, idempotency key or "
@@ -89,8 +89,12 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
 
     @admin.display(description="task", ordering="task_path")
     def name(self, obj: TaskRecord) -> SafeString:
-        return format_html('<span title="{}">{}</span>', obj.task_path,
+        name = format_html('<span title="{}">{}</span>', obj.task_path,
                            obj.task_path.rsplit(".", 1)[-1])
+        if not obj.unique_key:
+            return name
+        return format_html('{}<br><small class="dbw-key" title="unique key">key: {}</small>',
+                           name, obj.unique_key)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: TaskRecord) -> SafeString:
@@ -127,10 +131,6 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     def duration(self, obj: TaskRecord) -> str:
         return display.duration(obj.last_attempted_at, obj.finished_at,
                                 running=obj.status == TaskStatus.RUNNING)
-
-    @admin.display(description="unique key", ordering="unique_key")
-    def key(self, obj: TaskRecord) -> str:
-        return obj.unique_key or display.EMPTY
 
     @admin.display(description="arguments")
     def args_display(self, obj: TaskRecord) -> SafeString | str:
