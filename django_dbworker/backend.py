@@ -104,7 +104,7 @@ class DBWorkerTask(Task):
         backend: str | None = None,
         idempotency_key: str | None = None,
         enqueue_on_commit: bool | None = None,
-        unique_key: str | None = None,
+        unique_key: str | Callable[..., str] | None = None,
         concurrency_key: str | None = None,
     ) -> DBWorkerTask:
         # As Task.using does, with our options, in one replace(); run_after may also be a
@@ -236,6 +236,10 @@ class DBWorkerBackend(BaseTaskBackend):
                 f"Task {task.name!r}: idempotency_key={key!r} was given for {len(calls)} "
                 "calls; a key identifies one call."
             )
+        if _unique(task):  # flow control: only keyed calls take this path
+            from .tasks import uniqueness
+
+            return uniqueness.enqueue(self, cast(DBWorkerTask, task), calls)
         if not calls:
             return []
         shared = newtasks.Shared.of(task)
@@ -322,6 +326,15 @@ def _options_error(alias: str, options: Any) -> str | None:
         if key in options and not isinstance(options[key], kind):
             return f"{where}[{key!r}] is {options[key]!r}; it must be True or False."
     return None
+
+
+def _unique(task: Any) -> bool:
+    """Whether a uniqueness option is set (``tasks.uniqueness.wanted``, without importing
+    it on the plain path)."""
+    return (getattr(task, "unique_key", None) is not None
+            or getattr(task, "unique_for", None) is not None
+            or getattr(task, "unique_while", "active") != "active"
+            or getattr(task, "on_duplicate", "keep") != "keep")
 
 
 def _inserted(stored: Any, new: Any) -> bool:
@@ -511,6 +524,10 @@ def _validate_options(where: str, task: DBWorkerTask) -> None:
         raise InvalidTask(f"{where}: idempotency_key={key!r} must be a non-empty string of at "
                           "most 255 characters.")
     # ----- uniqueness (flow control) -----
+    if _unique(task):
+        from .tasks import uniqueness
+
+        uniqueness.validate(where, task)
 
     # ----- concurrency (flow control) -----
 

@@ -432,6 +432,7 @@ class TaskRecord(models.Model):
             "claimed_host": self.claimed_host or None, "claimed_pid": self.claimed_pid,
             "progress": self.progress, "progress_message": self.progress_message,
             "idempotency_key": self.idempotency_key,
+            "unique_key": self.unique_key or None,
             "error": errors[-1] if self.status == TaskStatus.FAILED and errors else None,
             "errors": errors,
         }
@@ -442,7 +443,7 @@ TASK_KEYS = (
     "kind", "id", "task", "queue", "status", "priority", "attempts", "crashes", "snoozes",
     "args", "kwargs", "result", "enqueued_at", "run_after", "available_at", "started_at",
     "last_attempted_at", "finished_at", "cancel_requested_at", "claimed_host", "claimed_pid",
-    "progress", "progress_message", "idempotency_key", "error", "errors",
+    "progress", "progress_message", "idempotency_key", "unique_key", "error", "errors",
 )
 
 

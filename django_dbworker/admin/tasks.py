@@ -47,8 +47,9 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     list_display = ["short_id", "name", "queue", "status_badge", "prio", "tries", "progress_column",
                     "runs_after", "duration"]
     list_filter = ["status", "queue_name", "task_path"]
-    search_fields = ["task_path", "idempotency_key"]
-    search_help_text = "A task id, or part of a task's dotted path or idempotency key."
+    search_fields = ["task_path", "idempotency_key", "unique_key"]
+    search_help_text = ("A task id, or part of a task's dotted path, idempotency key or "
+                        "unique key.")
     ordering = ["-enqueued_at"]
     list_per_page = 50
     show_full_result_count = False
@@ -60,7 +61,7 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     fieldsets = [
         (None, {"fields": ["id", "task_path", "status_badge", "queue_name", "priority",
                            "backend", "attempts", "crashes", "snoozes", "schedule",
-                           "idempotency_key"]}),
+                           "idempotency_key", "unique_key"]}),
         ("Call", {"fields": ["args_display", "kwargs_display", "result_display"]}),
         ("Progress", {"fields": ["progress_bar"]}),
         ("Times", {"fields": ["enqueued_at", "run_after", "available_at", "started_at",
@@ -88,8 +89,12 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
 
     @admin.display(description="task", ordering="task_path")
     def name(self, obj: TaskRecord) -> SafeString:
-        return format_html('<span title="{}">{}</span>', obj.task_path,
+        name = format_html('<span title="{}">{}</span>', obj.task_path,
                            obj.task_path.rsplit(".", 1)[-1])
+        if not obj.unique_key:
+            return name
+        return format_html('{}<br><small class="dbw-key" title="unique key">key: {}</small>',
+                           name, obj.unique_key)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: TaskRecord) -> SafeString:

@@ -116,7 +116,7 @@ def _tries(u: dict[str, Any]) -> str:
 def failed(doc: dict[str, Any], traceback: bool) -> str:
     rows = [("execution", u["id"], f"{u['worker']}[{u['source_id']}]", u["attempts"],
              u["finished_at"], units.last_error(u)) for u in doc["executions"]]
-    rows += [("task", u["id"], u["task"], _tries(u), u["finished_at"],
+    rows += [("task", u["id"], _task_name(u), _tries(u), u["finished_at"],
               units.last_error(u)) for u in doc["tasks"]]
     c = doc["counts"]
     out = [table(["kind", "id", "unit", "attempts", "failed at", "error"], rows),
@@ -124,6 +124,12 @@ def failed(doc: dict[str, Any], traceback: bool) -> str:
     if traceback:
         out += ["", "\n\n".join(unit(u) for u in [*doc["executions"], *doc["tasks"]])]
     return "\n".join(out)
+
+
+def _task_name(u: dict[str, Any]) -> str:
+    """A task's path, with its unique key (flow control) where it has one."""
+    key = u.get("unique_key")
+    return f"{u['task']} [{key}]" if key else str(u["task"])
 
 
 def dead(doc: dict[str, Any]) -> str:

@@ -473,7 +473,10 @@ def cancel_requested(task_ids: list[uuid.UUID]) -> list[uuid.UUID]:
 
 
 def prune_batch(cutoff: datetime, batch: int) -> int:
-    """Delete up to ``batch`` tasks that finished before ``cutoff``."""
+    """Delete up to ``batch`` tasks that finished before ``cutoff``, and the uniqueness
+    keys they hold (``uniqueness.forget_holders``)."""
+    from . import uniqueness
+
     using = _alias()
     ids = list(
         TaskRecord.objects.using(using).finished()
@@ -482,6 +485,7 @@ def prune_batch(cutoff: datetime, batch: int) -> int:
     )
     if not ids:
         return 0
+    uniqueness.forget_holders(ids)
     return TaskRecord.objects.using(using).filter(pk__in=ids).delete()[0]
 
 

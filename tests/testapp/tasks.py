@@ -295,3 +295,27 @@ def drop_session_in_atomic():
     with transaction.atomic():
         Effect.objects.create(item_id=0, worker="drop_session_in_atomic")
         _drop_own_session()
+
+
+# ----- uniqueness (tests/test_uniqueness.py) ------------------------------------------------
+
+
+@task(unique_key="report")
+def unique_report(day):
+    return day
+
+
+@task(unique_key=lambda user_id, **kwargs: f"user:{user_id}", on_duplicate="replace",
+      unique_while="waiting")
+def unique_debounced(user_id, note=""):
+    Effect.objects.create(item_id=user_id, worker="unique_debounced", note=note)
+
+
+@task(unique_key="hourly", unique_for=3600)
+def unique_hourly(n):
+    return n
+
+
+@task(unique_for=60)
+def unique_keyless(n):
+    return n
