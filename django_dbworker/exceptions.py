@@ -67,3 +67,9 @@ class TriggerUnavailable(DBWorkerError):
     view, or it does not exist yet. Without triggers the sweep finds its rows; fix the
     cause, or leave that worker out (``--worker``).
     """
+
+
+class InvalidPause(DBWorkerError, ValueError):
+    """``pause()`` or ``resume()`` was given something it cannot pause: an unknown queue or
+    worker, both or neither, or a reason that is too long. The message names the value and
+    the queues or workers there are; nothing was written."""

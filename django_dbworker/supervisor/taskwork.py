@@ -43,10 +43,17 @@ class TaskWork:
         self.cron = Cron(self.scheduler)
         self.retention = Retention(config)
 
-    def claim(self, room: int) -> list[TaskClaim]:
+    def claim(self, room: int, paused: frozenset[str] = frozenset()) -> list[TaskClaim]:
+        """Claim up to ``room`` tasks of our queues but the ``paused`` ones."""
+        queues = self.queues
+        if paused and queues is not None:
+            queues = [q for q in queues if q not in paused]
+            if not queues:
+                return []
         return taskstore.claim_limited(
-            self.queues, room, self.claimant, self.config.LEASE_SECONDS,
+            queues, room, self.claimant, self.config.LEASE_SECONDS,
             limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
+            exclude_queues=paused,
         )
 
     def duties(self, children: Callable[[], list[Child]],
