@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import autodiscover_modules
 
-from django_dbworker.cli import OperationError, changes, render, reports, triggers
+from django_dbworker.cli import OperationError, changes, pauses, render, reports, triggers
 
 SCHEMA_VERSION = 1
 #: The largest --limit (a database LIMIT must fit its integer).
@@ -20,7 +20,8 @@ MAX_LIMIT = 2**31 - 1
 
 class Command(BaseCommand):
     help = ("Inspect and fix background work: inspect, stats, failed, dead, retry, reset, "
-            "cancel, purge, prune, triggers. 'manage.py dbworker SUBCOMMAND --help' for each.")
+            "cancel, purge, prune, triggers, pause, resume, paused. "
+            "'manage.py dbworker SUBCOMMAND --help' for each.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
@@ -63,6 +64,16 @@ class Command(BaseCommand):
         p.add_argument("action", nargs="?", default="status", choices=triggers.ACTIONS)
         p.add_argument("--worker", action="append", dest="workers", metavar="WORKER",
                        help="Only this worker (repeatable; default: every worker).")
+        for name, help_text in (
+                ("pause", "Stop claiming from a task queue or a row worker until resumed."),
+                ("resume", "Claim from a paused task queue or row worker again.")):
+            p = add(name, help_text)
+            which = p.add_mutually_exclusive_group(required=True)
+            which.add_argument("--queue", metavar="QUEUE", help="A task queue.")
+            which.add_argument("--worker", metavar="WORKER", help="A row worker.")
+            if name == "pause":
+                p.add_argument("--reason", default="", help="Shown with the pause.")
+        add("paused", "The paused task queues and row workers, and since when.")
 
     def _names(self, parser: CommandParser) -> None:
         parser.add_argument("--worker", action="append", dest="workers", metavar="WORKER")
@@ -74,6 +85,8 @@ class Command(BaseCommand):
         try:
             if name in ("retry", "reset", "cancel", "purge", "prune"):
                 self._change(name, options)
+            elif name in ("pause", "resume"):
+                self._pause(name, options)
             else:
                 self._report(name, options)
         except OperationError as exc:
@@ -100,6 +113,8 @@ class Command(BaseCommand):
         elif name == "triggers":
             doc = triggers.triggers(options["action"], options["workers"])
             text = render.triggers
+        elif name == "paused":
+            doc, text = pauses.paused(), render.paused
         else:
             doc, text = reports.dead(), render.dead
         self._print(name, doc, text, options["json"])
@@ -125,6 +140,13 @@ class Command(BaseCommand):
         doc = plan.as_dict(changed)
         self._print(name, doc, lambda d: render.plan(d) + f"\nChanged {d['changed']}.",
                     as_json)
+
+    def _pause(self, name: str, options: dict[str, Any]) -> None:
+        if name == "pause":
+            doc = pauses.pause(options["queue"], options["worker"], options["reason"])
+        else:
+            doc = pauses.resume(options["queue"], options["worker"])
+        self._print(name, doc, getattr(render, name), options["json"])
 
     def _ask(self, plan: changes.Plan, as_json: bool) -> None:
         # With --json, stdout carries only the document: the question goes to stderr.
