@@ -54,7 +54,8 @@ def known_workers() -> list[str]:
     return sorted(workers)
 
 
-def target(queue: str | None, worker: str | None, *, pausing: bool = True) -> tuple[str, str]:
+def target(queue: str | None = None, worker: str | None = None, *,
+           pausing: bool = True) -> tuple[str, str]:
     """``(kind, name)`` of what to pause or resume; InvalidPause when it is unknown, or
     when not exactly one of ``queue``, ``worker`` is given. ``pausing=False`` also accepts
     a name that is paused now, so a pause outlives a queue or worker removed since."""

@@ -243,3 +243,11 @@ def guard_subprocess_status():
     import subprocess
 
     return subprocess.run(["sh", "-c", "exit 3"]).returncode
+
+
+@task
+def pausing_mark(label, seconds=0.0):
+    """test_pausing: enqueued into several queues (``.using(queue_name=...)``)."""
+    time.sleep(seconds)
+    Effect.objects.create(item_id=0, worker="pausing_mark", note=label, pid=os.getpid())
+    return label
