@@ -276,7 +276,7 @@ def test_admin_bulk_delete_resumes_every_selected_pause(admin_client):
 def test_dashboard_shows_paused_since_with_resume_and_pause_links(admin_client):
     info = pause(queue="emails")
     page = admin_client.get(reverse("admin:django_dbworker_dashboard_changelist")).content.decode()
-    assert f"paused since {info.since:%Y-%m-%d %H:%M:%S}" in page
+    assert f"since {info.since:%Y-%m-%d %H:%M:%S}</span>" in page
     row = Pause.objects.get()
     assert reverse("admin:django_dbworker_pause_delete", args=[row.pk]) in page
     assert f"{ADD}?kind=queue&amp;name=default" in page
