@@ -116,6 +116,36 @@ def test_a_claim_of_every_queue_excludes_the_paused_ones_rate_limited_too():
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("queues", [None, ["default", "slow", "emails"]])
+def test_claims_around_a_paused_backlog_keep_the_claim_order(queues):
+    """With tasks waiting in a paused queue, a claim of several queues goes queue by queue
+    (``byqueue``, where the engine does) or filters: either way in claim order, none of
+    the paused queue."""
+    from django_dbworker.supervisor.pauses import Pauses
+    from django_dbworker.supervisor.taskwork import TaskWork
+
+    emails = tasks.pausing_mark.using(queue_name="emails", priority=9)
+    emails.enqueue_many([(("e",), {})] * 5)
+    default = [mark("default", f"d{i}") for i in range(3)]
+    slow = tasks.pausing_mark.using(queue_name="slow", priority=5)
+    urgent = [slow.enqueue(f"s{i}") for i in range(3)]
+    pauses = Pauses(conf.get().DATABASE, 60.0)
+    pauses.refresh(0.0)
+    assert not pauses.backlog
+    pause(queue="emails")
+    pauses.refresh(0.0, announced=True)
+    assert pauses.backlog and pauses.queues == {"emails"}
+    work = TaskWork(queues, conf.get(), Claimant(), schedule=False)
+    work.limits = {}  # the test app's rate-limited tasks are not these
+    claims = work.claim(4, pauses.queues, backlog=pauses.backlog)
+    assert [str(c.task_id) for c in claims] == [r.id for r in urgent] + [default[0].id]
+    assert TaskRecord.objects.filter(queue_name="emails", status=TaskStatus.READY).count() == 5
+    from django_dbworker.tasks import byqueue
+
+    assert byqueue.shares(["default", "slow"], 2) == {"default": 2}
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_supervisor_claims_around_pauses_and_gives_back_what_it_claimed_ahead():
     from django_dbworker.supervisor.supervisor import Options
     from django_dbworker.supervisor.supervisor import Supervisor as Sup

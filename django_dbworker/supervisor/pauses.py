@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from django.utils import timezone
+
 from ..db import sources
 from ..logs import log_event
 from ..models import Pause, PauseKind, TaskRecord
@@ -21,6 +23,9 @@ class Pauses:
         self.interval = interval
         self.queues: frozenset[str] = frozenset()
         self.workers: frozenset[str] = frozenset()
+        #: Whether tasks wait in a paused queue (read with the pauses): claims of several
+        #: queues then go queue by queue instead of walking past them (``TaskWork.claim``).
+        self.backlog = False
         self._read_at: float | None = None
 
     def refresh(self, now: float, *, announced: bool = False) -> bool:
@@ -38,6 +43,8 @@ class Pauses:
             log_event(logging.INFO, "pauses", queues=",".join(sorted(queues)),
                       workers=",".join(sorted(workers)))
         self.queues, self.workers = queues, workers
+        self.backlog = bool(queues) and TaskRecord.objects.using(self.using).ready(
+            timezone.now()).filter(queue_name__in=sorted(queues)).exists()
         return newly
 
     def holds(self, c: Unit) -> bool:

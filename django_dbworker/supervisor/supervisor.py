@@ -349,7 +349,8 @@ class Supervisor:
         try:
             if source is None:
                 assert self.tasks is not None
-                return list(self.tasks.claim(want, self.pauses.queues))
+                return list(self.tasks.claim(want, self.pauses.queues,
+                                             backlog=self.pauses.backlog))
             if source.name in self.pauses.workers:
                 return []
             room = min(want, self.caps.claimable(source, held[source.name],
