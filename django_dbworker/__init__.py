@@ -15,6 +15,9 @@ __all__ = [
     "cron",
     "execution_status",
     "has_execution_status",
+    "pause",
+    "paused",
+    "resume",
     "set_progress",
     "worker",
     "workers",
@@ -25,6 +28,7 @@ from .outcomes import Finished, Outcome, Snooze, Unfinished
 
 if TYPE_CHECKING:
     from .models import ExecutionStatus
+    from .pausing import pause, paused, resume
     from .progress import set_progress
     from .registry import worker, workers
     from .scheduling import cron
@@ -35,6 +39,9 @@ _LAZY = {
     "cancel": ("tasks.store", "cancel"),
     "cron": ("scheduling", "cron"),
     "set_progress": ("progress", "set_progress"),
+    "pause": ("pausing", "pause"),
+    "paused": ("pausing", "paused"),
+    "resume": ("pausing", "resume"),
     "ExecutionStatus": ("models", "ExecutionStatus"),
     "worker": ("registry", "worker"),
     "workers": ("registry", "workers"),

@@ -90,3 +90,9 @@ class SnoozeLimitExceeded(DBWorkerError):
     Raise ``max_snoozes`` in the task's ``@task(...)``, or stop snoozing: fail, or finish
     with what the task can do now.
     """
+
+
+class InvalidPause(DBWorkerError, ValueError):
+    """``pause()`` or ``resume()`` was given something it cannot pause: an unknown queue or
+    worker, both or neither, or a reason that is too long. The message names the value and
+    the queues or workers there are; nothing was written."""

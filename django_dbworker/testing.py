@@ -13,6 +13,7 @@ from .rows import store
 from .rows.store import Claimant
 from .rows.sweep import Sweeper
 from .supervisor import units
+from .supervisor.pauses import Pauses
 from .tasks import store as taskstore
 
 
@@ -25,8 +26,9 @@ def run_until_idle(
     """Run every claimable unit in this process until none is left; return outcome counts.
 
     Runs the named workers (default: all) and, unless ``tasks=False``, the ready tasks of
-    every queue (default: only when no worker names are given). A task's ``timeout`` is not
-    enforced here (there is no child process to stop).
+    every queue (default: only when no worker names are given); paused queues and workers
+    (``django_dbworker.pause``) are left alone, as supervisors leave them. A task's
+    ``timeout`` is not enforced here (there is no child process to stop).
 
     Works inside Django's ``TestCase`` (each unit runs in a savepoint of the test's
     transaction). Units with ``Unfinished(delay=...)`` wait for their delay, so they are
@@ -41,12 +43,16 @@ def run_until_idle(
     run_tasks = worker_names is None if tasks is None else tasks
     claimant = Claimant()
     counts: Counter[str] = Counter()
+    pauses = Pauses(config.DATABASE, 0.0)  # paused queues and workers are left alone
     while True:
+        pauses.refresh(0.0, announced=True)
         claims: list = []
         for worker in selected:
-            claims += store.claim(worker, 1, claimant, config.LEASE_SECONDS)
+            if worker.name not in pauses.workers:
+                claims += store.claim(worker, 1, claimant, config.LEASE_SECONDS)
         if run_tasks:
-            claims += taskstore.claim(None, 1, claimant, config.LEASE_SECONDS)
+            claims += taskstore.claim(None, 1, claimant, config.LEASE_SECONDS,
+                                      exclude_queues=pauses.queues)
         if not claims:
             # Rows written without save() that became eligible meanwhile (say, through
             # another worker's status) have no pending unit yet: sweep before giving up.

@@ -274,3 +274,26 @@ def test_delete_selected_leaves_a_running_task_and_says_to_cancel_first(page, sh
     assert list(TaskRecord.objects.values_list("pk", flat=True)) == [
         TaskRecord.objects.get(pk=running.id).pk]
     assert not TaskRecord.objects.filter(pk=ready.id).exists()
+
+
+def test_pause_a_queue_from_the_dashboard_and_resume_it(page, shots):
+    from django_dbworker.models import Pause
+
+    superuser()
+    log_in(page, "admin")
+    page.goto("/admin/django_dbworker/dashboard/")
+    row = page.locator("#dbw-queues tr", has=page.locator("th a", has_text="emails"))
+    row.locator("a.dbw-pause-link", has_text="pause").click()
+    assert page.locator("#id_name").input_value() == "emails"
+    page.fill("#id_reason", "mail server down")
+    page.click("input[name=_save]")
+    page.wait_for_load_state()
+    pause = Pause.objects.get()
+    assert (pause.kind, pause.name, pause.reason) == ("queue", "emails", "mail server down")
+    page.goto("/admin/django_dbworker/dashboard/")
+    assert "since" in row.locator(".dbw-status-paused").inner_text()
+    shots(page, "14-dashboard-paused")
+    row.locator("a.dbw-pause-link", has_text="resume").click()
+    page.click("input[type=submit]")  # "Yes, I'm sure"
+    page.wait_for_load_state()
+    assert not Pause.objects.exists()

@@ -217,6 +217,8 @@ METRIC_HELP = {
     "dbworker_duration_seconds": "Run time of units completed in the last 15 minutes.",
     "dbworker_failed": "Units FAILED for good, by their last exception class.",
     "dbworker_supervisors": "Supervisors seen in the last day, by state.",
+    "dbworker_paused_since_seconds": "Unix time a paused worker or queue was paused "
+                                     "(only paused ones have a sample).",
 }
 
 

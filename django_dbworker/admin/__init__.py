@@ -2,7 +2,14 @@
 the dashboard, registered on the default admin site; and ``WorkerStatusMixin`` for your own
 admins."""
 
-from . import dashboard, executions, schedules, supervisors, tasks  # noqa: F401 - they register
+from . import (  # noqa: F401 - they register
+    dashboard,
+    executions,
+    pauses,
+    schedules,
+    supervisors,
+    tasks,
+)
 from .mixins import WorkerStatusMixin
 
 __all__ = ["WorkerStatusMixin"]

@@ -15,8 +15,9 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from .. import conf
 from ..insight import snapshot
-from ..models import Dashboard, State, TaskStatus
+from ..models import Dashboard, Pause, State, TaskStatus
 from . import display
 
 
@@ -41,6 +42,7 @@ class DashboardAdmin(admin.ModelAdmin):
             raise PermissionDenied
         snap = snapshot.take()
         site = self.admin_site.name
+        pause = _pause_links(request, self.admin_site)
         executions = reverse(f"{site}:django_dbworker_execution_changelist")
         tasks = reverse(f"{site}:django_dbworker_taskrecord_changelist")
         context = {
@@ -48,8 +50,9 @@ class DashboardAdmin(admin.ModelAdmin):
             "title": "Background work",
             "opts": self.opts,
             "snapshot": snap,
-            "workers": [_line(w, executions, "worker", "state__exact") for w in snap.workers],
-            "queues": [_line(q, tasks, "queue_name__exact", "status__exact")
+            "workers": [_line(w, executions, "worker", "state__exact") | pause("worker", w)
+                        for w in snap.workers],
+            "queues": [_line(q, tasks, "queue_name__exact", "status__exact") | pause("queue", q)
                        for q in snap.queues],
             "worker_states": [s.lower() for s in State.values],
             "task_statuses": [s.lower() for s in TaskStatus.values],
@@ -73,6 +76,30 @@ def _line(line: snapshot.Line, url: str, by: str, status_param: str) -> dict[str
         "bars": [(n, round(100 * n / peak)) for n in line.per_minute],
         "avg": display.seconds(line.avg_seconds),
     }
+
+
+def _pause_links(request: HttpRequest, admin_site: admin.AdminSite) -> Any:
+    """For a line: when it was paused, and a link to pause or resume it (the Pause admin's
+    add or delete page) for those allowed to."""
+    site = admin_site.name
+    pause_admin = admin_site._registry.get(Pause)
+    may_add = pause_admin is not None and pause_admin.has_add_permission(request)
+    may_delete = pause_admin is not None and pause_admin.has_delete_permission(request)
+    ids = {(kind, name): pk for pk, kind, name in Pause.objects.using(
+        conf.get().DATABASE).values_list("pk", "kind", "name")}
+
+    def links(kind: str, line: snapshot.Line) -> dict[str, Any]:
+        pk = ids.get((kind, line.name))
+        since = line.paused_since
+        out: dict[str, Any] = {"paused_since": since, "pause_url": None, "resume_url": None}
+        if pk is not None and may_delete:
+            out["resume_url"] = reverse(f"{site}:django_dbworker_pause_delete", args=[pk])
+        elif pk is None and since is None and may_add:
+            add = reverse(f"{site}:django_dbworker_pause_add")
+            out["pause_url"] = f"{add}?{urlencode({'kind': kind, 'name': line.name})}"
+        return out
+
+    return links
 
 
 def _failure(group: dict[str, Any], executions: str, tasks: str) -> dict[str, Any]:

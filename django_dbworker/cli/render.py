@@ -100,6 +100,10 @@ def stats(doc: dict[str, Any]) -> str:
         out += ["", _lines("worker", doc["workers"], list(State.values))]
     if doc["queues"]:
         out += ["", _lines("queue", doc["queues"], list(TaskStatus.values))]
+    paused = [(kind, line["name"], line["paused_since"]) for kind in ("worker", "queue")
+              for line in doc[f"{kind}s"] if line.get("paused_since")]
+    if paused:
+        out += ["", "Paused", table(["kind", "name", "since"], paused)]
     out += ["", "Failures by exception class", table(
         ["exception class", "worker or task", "failed", "latest"],
         [(g["exception_class"], g.get("worker") or g.get("task"), g["count"], g["last_at"])
@@ -154,3 +158,25 @@ def triggers(doc: dict[str, Any]) -> str:
         verb = "Installed" if doc["action"] == "install" else "Removed"
         text += f"\n{verb} the triggers of: {', '.join(doc['changed']) or 'none'}."
     return text
+
+
+def paused(doc: dict[str, Any]) -> str:
+    if not doc["pauses"]:
+        return "Nothing is paused."
+    return table(["kind", "name", "since", "reason"],
+                 [(p["kind"], p["name"], p["since"], p["reason"]) for p in doc["pauses"]])
+
+
+def pause(doc: dict[str, Any]) -> str:
+    p = doc["pause"]
+    what = f"{p['kind']} {p['name']!r}"
+    if doc["changed"]:
+        return f"Paused {what}: supervisors claim nothing from it until it is resumed."
+    return f"{what[0].upper()}{what[1:]} was paused already, since {cell(p['since'])}."
+
+
+def resume(doc: dict[str, Any]) -> str:
+    what = f"{doc['kind']} {doc['name']!r}"
+    if doc["changed"]:
+        return f"Resumed {what} (paused since {cell(doc['pause']['since'])})."
+    return f"{what[0].upper()}{what[1:]} was not paused: nothing changed."

@@ -10,11 +10,13 @@ from .. import conf
 from ..models import Supervisor
 from ..registry import workers
 from . import counts
+from .snapshot import pauses_since
 
 
 def verdict() -> dict[str, Any]:
     """``{"healthy": bool, "problems": [...], ...}`` by ``HEALTH_MIN_SUPERVISORS`` and
-    ``HEALTH_MAX_LAG``. Only waiting units are read, never the finished history."""
+    ``HEALTH_MAX_LAG``. Only waiting units are read, never the finished history. A paused
+    queue or worker (``paused``: name to when) is not judged by its lag."""
     config = conf.get()
     now = timezone.now()
     alive = Supervisor.objects.using(config.DATABASE).alive(now).count()
@@ -25,14 +27,17 @@ def verdict() -> dict[str, Any]:
     lags = {f"worker:{name}": counts.worker_lag(name, now) for name in sorted(workers)}
     lags |= {f"queue:{queue}": lag for queue, lag in sorted(counts.queue_lags(now).items())}
     limit = config.HEALTH_MAX_LAG
+    paused = pauses_since()  # waiting there is on purpose: not a problem
     if limit is not None:
         problems += [f"{name} has waited {lag:.0f}s; DBWORKER['HEALTH_MAX_LAG'] is {limit:g}s"
-                     for name, lag in lags.items() if lag is not None and lag > limit]
+                     for name, lag in lags.items()
+                     if lag is not None and lag > limit and name not in paused]
     return {
         "healthy": not problems,
         "problems": problems,
         "supervisors_alive": alive,
         "lag_seconds": {k: None if v is None else round(v, 3) for k, v in lags.items()},
         "max_lag_seconds": limit,
+        "paused": {name: at.isoformat() for name, at in sorted(paused.items())},
         "at": now.isoformat(),
     }

@@ -36,6 +36,8 @@ FAMILIES = {
     "dbworker_duration_seconds": "Run time of units completed in the last 15 minutes.",
     "dbworker_failed": "Units FAILED for good, by their last exception class.",
     "dbworker_supervisors": "Supervisors seen in the last day, by state.",
+    "dbworker_paused_since_seconds": "Unix time a paused worker or queue was paused "
+                                     "(only paused ones have a sample).",
 }
 
 
@@ -48,6 +50,9 @@ def _samples(snap: Snapshot) -> Iterator[tuple[str, dict[str, object], float]]:
             yield "dbworker_lag_seconds", {kind: line.name}, line.lag_seconds or 0.0
             for window, n in line.throughput.items():
                 yield "dbworker_completed", {kind: line.name, "window": window}, n
+            if line.paused_since is not None:
+                yield "dbworker_paused_since_seconds", {kind: line.name}, \
+                    line.paused_since.timestamp()
             if line.avg_seconds is not None:
                 yield "dbworker_duration_seconds", {kind: line.name, "stat": "avg"}, \
                     line.avg_seconds

@@ -9,7 +9,7 @@ from typing import Any
 from django.utils import timezone
 
 from .. import conf
-from ..models import Supervisor
+from ..models import Pause, Supervisor
 from . import counts, failures, names
 
 
@@ -25,6 +25,8 @@ class Line:
     per_minute: list[int]
     avg_seconds: float | None = None
     max_seconds: float | None = None
+    #: When it was paused (``django_dbworker.pause``); None: it is not.
+    paused_since: datetime | None = None
 
     def done(self, minutes: int) -> int:
         return sum(self.per_minute[-minutes:])
@@ -65,6 +67,7 @@ def take(worker_names: list[str] | None = None, queue_names: list[str] | None = 
     w_rate, q_rate = counts.execution_throughput(now), counts.task_throughput(now)
     w_time, q_time = counts.execution_durations(now), counts.task_durations(now)
     lags = counts.queue_lags(now)
+    since = pauses_since()
     empty = [0] * counts.MINUTES
     wanted_workers = worker_names if worker_names is not None else sorted(
         set(names.worker_names(stored=False)) | set(by_worker))
@@ -74,14 +77,16 @@ def take(worker_names: list[str] | None = None, queue_names: list[str] | None = 
         Line(name=n, counts=by_worker.get(n) or counts.empty_execution_counts(),
              lag_seconds=counts.worker_lag(n, now), per_minute=w_rate.get(n, empty),
              avg_seconds=w_time.get(n, {}).get("avg_seconds"),
-             max_seconds=w_time.get(n, {}).get("max_seconds"))
+             max_seconds=w_time.get(n, {}).get("max_seconds"),
+             paused_since=since.get(f"worker:{n}"))
         for n in wanted_workers
     ]
     queues = [
         Line(name=q, counts=by_queue.get(q) or counts.empty_task_counts(),
              lag_seconds=lags.get(q), per_minute=q_rate.get(q, empty),
              avg_seconds=q_time.get(q, {}).get("avg_seconds"),
-             max_seconds=q_time.get(q, {}).get("max_seconds"))
+             max_seconds=q_time.get(q, {}).get("max_seconds"),
+             paused_since=since.get(f"queue:{q}"))
         for q in wanted_queues
     ]
     groups = failures.grouped()
@@ -90,6 +95,12 @@ def take(worker_names: list[str] | None = None, queue_names: list[str] | None = 
                   if g.get("worker") in wanted_workers or g.get("queue") in wanted_queues]
     return Snapshot(at=now, workers=workers, queues=queues, failures=groups,
                     supervisors=supervisor_counts(now))
+
+
+def pauses_since() -> dict[str, datetime]:
+    """``{"queue:<name>" or "worker:<name>": paused_at}`` of every pause (a small table)."""
+    rows = Pause.objects.using(conf.get().DATABASE).values_list("kind", "name", "paused_at")
+    return {f"{kind}:{name}": at for kind, name, at in rows}
 
 
 def supervisor_counts(now: datetime) -> dict[str, int]:

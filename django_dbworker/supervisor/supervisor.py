@@ -31,6 +31,7 @@ from .duties.discovery import Discovery
 from .duties.leases import Reaping, Renewal, Retries
 from .duties.outage import Outage
 from .heartbeat import Heartbeat
+from .pauses import Pauses
 from .pool import Child, describe_exit
 from .prefetch import Prefetch
 from .progress import Progress
@@ -92,6 +93,8 @@ class Supervisor:
         self.commits = Commits(self.using)
         #: What NOTIFY announced since the last claim ("task", "rows", worker names).
         self._announced: set[str] = set()
+        #: Paused queues and workers (``pausing``): read per POLL_INTERVAL or when announced.
+        self.pauses = Pauses(self.using, config.POLL_INTERVAL)
         self.heartbeat = Heartbeat(
             self.claimant, lease=config.LEASE_SECONDS, concurrency=options.concurrency,
             workers=[w.name for w in options.workers], queues=options.queues,
@@ -246,6 +249,7 @@ class Supervisor:
         """
         now = time.monotonic()
         self._claims_deferred = False
+        self._check_pauses(now)
         self._unstick(now)
         room = self._feed()
         self._give_back(self.prefetch.expired(now))
@@ -281,6 +285,22 @@ class Supervisor:
         elif self._claims_deferred:
             return None  # nothing is known about what is claimable: --burst goes on
         return claimed
+
+    def _check_pauses(self, now: float) -> None:
+        """Read the pauses when due; units claimed ahead of what was paused since (waiting
+        here or in a child's pipe) go back to the database: they were not started."""
+        announced = "pause" in self._announced
+        self._announced.discard("pause")
+        if not self.pauses.refresh(now, announced=announced):
+            return
+        waiting = [c for ch in self.children for c in ch.take_back()]
+        self.prefetch.put(waiting, now, front=True)  # claimed before the ones waiting here
+        back = self.pauses.of(self.prefetch.units())
+        for c in back:
+            self.prefetch.remove(c)
+        if back:
+            log_event(logging.INFO, "gave_back", units=len(back), reason="paused")
+            self._give_back(back)
 
     def _announced_for(self, source: Worker | None) -> bool:
         if source is None:
@@ -329,7 +349,10 @@ class Supervisor:
         try:
             if source is None:
                 assert self.tasks is not None
-                return list(self.tasks.claim(want))
+                return list(self.tasks.claim(want, self.pauses.queues,
+                                             backlog=self.pauses.backlog))
+            if source.name in self.pauses.workers:
+                return []
             room = min(want, self.caps.claimable(source, held[source.name],
                                                  self.prefetch.depth()))
             if room <= 0:

@@ -9,11 +9,16 @@ import time
 import uuid
 from collections.abc import Callable
 
+from django.db import connections
+
 from ..conf import Config
+from ..db import engine_for
+from ..insight.names import configured_queues
 from ..logs import log_event
 from ..models import TaskStatus
 from ..rows.store import Claimant, FailureInfo
 from ..scheduling import Scheduler, schedules
+from ..tasks import byqueue
 from ..tasks import registry as task_registry
 from ..tasks import store as taskstore
 from ..tasks.store import TaskClaim
@@ -44,12 +49,41 @@ class TaskWork:
         self.cancels = Every(CANCEL_POLL)
         self.cron = Cron(self.scheduler)
         self.retention = Retention(config)
+        #: The configured queues (``QUEUES``), for claims around a paused queue's backlog.
+        self.known_queues = configured_queues()
+        self.by_queue = engine_for(connections[config.DATABASE]).claims_around_pauses_by_queue
 
-    def claim(self, room: int) -> list[TaskClaim]:
+    def claim(self, room: int, paused: frozenset[str] = frozenset(), *,
+              backlog: bool = False) -> list[TaskClaim]:
+        """Claim up to ``room`` tasks of our queues but the ``paused`` ones; ``backlog``:
+        tasks wait in a paused queue, so a claim of several queues is made queue by queue
+        (``byqueue``) rather than walking past them."""
+        queues = self.queues
+        if paused:
+            if queues is not None:
+                queues = [q for q in queues if q not in paused]
+            if backlog and self.by_queue:
+                queues = queues if queues is not None else [
+                    q for q in self.known_queues if q not in paused]
+                if len(queues) > 1:
+                    return self._claim_by_queue(queues, room)
+            if queues == []:
+                return []
+        return self._claim(queues, room, paused)
+
+    def _claim(self, queues: list[str] | None, room: int,
+               paused: frozenset[str] = frozenset()) -> list[TaskClaim]:
         return taskstore.claim_limited(
-            self.queues, room, self.claimant, self.config.LEASE_SECONDS,
+            queues, room, self.claimant, self.config.LEASE_SECONDS,
             limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
+            exclude_queues=paused,
         )
+
+    def _claim_by_queue(self, queues: list[str], room: int) -> list[TaskClaim]:
+        claims = [c for queue, n in byqueue.shares(queues, room).items()
+                  for c in self._claim([queue], n)]
+        claims.sort(key=taskstore._claim_order)  # merged: priority, then age
+        return claims
 
     def duties(self, children: Callable[[], list[Child]],
                stop: Callable[[Child, TaskClaim], bool], waiting: Prefetch) -> list[Duty]:

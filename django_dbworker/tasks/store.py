@@ -164,8 +164,10 @@ def claim(
     *,
     only_path: str | None = None,
     exclude_paths: list[str] | tuple[str, ...] = (),
+    exclude_queues: frozenset[str] = frozenset(),
 ) -> list[TaskClaim]:
-    """Claim up to ``limit`` ready tasks, highest priority first (``Engine.claim``)."""
+    """Claim up to ``limit`` ready tasks, highest priority first (``Engine.claim``);
+    ``exclude_queues``: paused queues, for a claim of every queue (``queues`` None)."""
     if limit <= 0:
         return []
     using = _alias()
@@ -175,11 +177,14 @@ def claim(
     token = uuid.uuid4()
     worker_id = f"{claimant.host}:{claimant.pid}"
     exclude = tuple(exclude_paths)
+    paused = tuple(sorted(exclude_queues)) if queues is None else ()
 
     def build(at: datetime) -> Any:
         inner: QuerySet[TaskRecord, Any] = TaskRecord.objects.using(using).ready(at)
         if queues is not None:
             inner = inner.filter(queue_name__in=queues)
+        if paused:
+            inner = inner.exclude(queue_name__in=list(paused))
         if only_path is not None:
             inner = inner.filter(task_path=only_path)
         if exclude:
@@ -194,7 +199,8 @@ def claim(
                 of=("self",) if connection.features.has_select_for_update_of else ())
         return inner
 
-    key = ("task", tuple(queues) if queues is not None else None, limit, only_path, exclude)
+    key = ("task", tuple(queues) if queues is not None else None, limit, only_path, exclude,
+           paused)
     inner_sql, inner_params = compiled.sql_with_now(key, None, build, now, using)
     quote = connection.ops.quote_name
     # the whole row comes back: the child runs the task from it without reading it again
@@ -506,6 +512,7 @@ def claim_limited(
     *,
     limits: dict[str, str],
     global_limit: str | None,
+    exclude_queues: frozenset[str] = frozenset(),
 ) -> list[TaskClaim]:
     """Claim up to ``room`` tasks, respecting per-task and global start rates and priority.
 
@@ -520,7 +527,8 @@ def claim_limited(
     if room <= 0:
         return []
     if not limits and global_limit is None:
-        return claim(queues, room, claimant, lease)  # one statement, no buckets to keep
+        # one statement, no buckets to keep
+        return claim(queues, room, claimant, lease, exclude_queues=exclude_queues)
     using = _alias()
     with transaction.atomic(using=using):
         overall = None
@@ -531,11 +539,13 @@ def claim_limited(
             if overall is not None:
                 overall.consume(0)
             return []
-        claims = claim(queues, room, claimant, lease, exclude_paths=tuple(limits))
+        claims = claim(queues, room, claimant, lease, exclude_paths=tuple(limits),
+                       exclude_queues=exclude_queues)
         buckets = []
         for path, rate in limits.items():
             bucket = ratelimit.reserve(f"task:{path}", rate, room)
-            claims += claim(queues, bucket.allowed, claimant, lease, only_path=path)
+            claims += claim(queues, bucket.allowed, claimant, lease, only_path=path,
+                            exclude_queues=exclude_queues)
             buckets.append((path, bucket))
         claims.sort(key=_claim_order)
         claims, surplus = claims[:room], claims[room:]

@@ -319,3 +319,11 @@ def unique_hourly(n):
 @task(unique_for=60)
 def unique_keyless(n):
     return n
+
+
+@task
+def pausing_mark(label, seconds=0.0):
+    """test_pausing: enqueued into several queues (``.using(queue_name=...)``)."""
+    time.sleep(seconds)
+    Effect.objects.create(item_id=0, worker="pausing_mark", note=label, pid=os.getpid())
+    return label

@@ -11,7 +11,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import autodiscover_modules
 
-from django_dbworker.cli import OperationError, changes, render, reports, schedules, triggers
+from django_dbworker.cli import (
+    OperationError,
+    changes,
+    pauses,
+    render,
+    reports,
+    schedules,
+    triggers,
+)
 
 SCHEMA_VERSION = 1
 #: The largest --limit (a database LIMIT must fit its integer).
@@ -20,8 +28,8 @@ MAX_LIMIT = 2**31 - 1
 
 class Command(BaseCommand):
     help = ("Inspect and fix background work: inspect, stats, failed, dead, retry, reset, "
-            "cancel, purge, prune, triggers, schedules. 'manage.py dbworker SUBCOMMAND --help' "
-            "for each.")
+            "cancel, purge, prune, triggers, schedules, pause, resume, paused. "
+            "'manage.py dbworker SUBCOMMAND --help' for each.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
@@ -64,6 +72,16 @@ class Command(BaseCommand):
         p.add_argument("action", nargs="?", default="status", choices=triggers.ACTIONS)
         p.add_argument("--worker", action="append", dest="workers", metavar="WORKER",
                        help="Only this worker (repeatable; default: every worker).")
+        for name, help_text in (
+                ("pause", "Stop claiming from a task queue or a row worker until resumed."),
+                ("resume", "Claim from a paused task queue or row worker again.")):
+            p = add(name, help_text)
+            which = p.add_mutually_exclusive_group(required=True)
+            which.add_argument("--queue", metavar="QUEUE", help="A task queue.")
+            which.add_argument("--worker", metavar="WORKER", help="A row worker.")
+            if name == "pause":
+                p.add_argument("--reason", default="", help="Shown with the pause.")
+        add("paused", "The paused task queues and row workers, and since when.")
 
         schedules.arguments(add("schedules", "Cron schedules (code-declared and stored) and "
                                 "their next run; add, edit, enable, disable, remove stored ones."))
@@ -81,6 +99,8 @@ class Command(BaseCommand):
             elif name == "schedules":
                 doc = schedules.run(options, lambda q: self._confirm(q, options["json"]))
                 self._print(name, doc, schedules.render, options["json"])
+            elif name in ("pause", "resume"):
+                self._pause(name, options)
             else:
                 self._report(name, options)
         except OperationError as exc:
@@ -107,6 +127,8 @@ class Command(BaseCommand):
         elif name == "triggers":
             doc = triggers.triggers(options["action"], options["workers"])
             text = render.triggers
+        elif name == "paused":
+            doc, text = pauses.paused(), render.paused
         else:
             doc, text = reports.dead(), render.dead
         self._print(name, doc, text, options["json"])
@@ -132,6 +154,13 @@ class Command(BaseCommand):
         doc = plan.as_dict(changed)
         self._print(name, doc, lambda d: render.plan(d) + f"\nChanged {d['changed']}.",
                     as_json)
+
+    def _pause(self, name: str, options: dict[str, Any]) -> None:
+        if name == "pause":
+            doc = pauses.pause(options["queue"], options["worker"], options["reason"])
+        else:
+            doc = pauses.resume(options["queue"], options["worker"])
+        self._print(name, doc, getattr(render, name), options["json"])
 
     def _ask(self, plan: changes.Plan, as_json: bool) -> None:
         self._confirm(render.plan(plan.as_dict(None)), as_json)
