@@ -281,6 +281,11 @@ TASK_CLAIMABLE = (TaskStatus.READY, TaskStatus.RETRYING)
 TASK_FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 
+#: The guard of ``dbworker_task_claimable_any``, true of every task (priority is a
+#: SmallIntegerField): the claims of every queue state it, so only they use that index.
+ANY_QUEUE_GUARD = Q(priority__gte=-32768)
+
+
 class TaskRecordQuerySet(models.QuerySet["TaskRecord"]):
     """The status filters of tasks, each in the form its partial index matches."""
 
@@ -377,11 +382,14 @@ class TaskRecord(models.Model):
             ),
             # The claims of a supervisor that runs every queue (no --queue): the same order
             # without the queue, so they walk an index too instead of sorting every task
-            # that waits.
+            # that waits. Its guard (``ANY_QUEUE_GUARD``, true of every row) is stated by
+            # those claims only: a claim of some queues cannot use this index, whose
+            # order PostgreSQL's planner otherwise likes as well and then walks past every
+            # task of the other queues that comes first (a paused backlog, a busy queue).
             PartialIndex(
                 fields=["-priority", "available_at"],
                 name="dbworker_task_claimable_any",
-                condition=Q(status__in=TASK_CLAIMABLE),
+                condition=Q(status__in=TASK_CLAIMABLE) & ANY_QUEUE_GUARD,
                 flag="dbworker_claimable",
             ),
             PartialIndex(

@@ -110,10 +110,6 @@ class Engine:
     commits_with_completion: ClassVar[bool] = False
     #: An idle supervisor can learn cheaply that another connection committed.
     watches_commits: ClassVar[bool] = False
-    #: While a paused queue holds waiting tasks, a claim of several queues goes queue by
-    #: queue (``tasks/byqueue.py``): each walks its queue's own claim index instead of
-    #: walking past the paused tasks (measured: docs/tasks.md, "Pausing and resuming").
-    claims_around_pauses_by_queue: ClassVar[bool] = True
     #: ``set_progress()`` inside a transactional handler writes in the handler's own
     #: transaction (a side connection would wait for the write lock the handler holds).
     progress_in_handler_transaction: ClassVar[bool] = False

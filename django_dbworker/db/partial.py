@@ -32,9 +32,12 @@ def has_partial_indexes(connection: Any) -> bool:
 
 
 def condition_states(condition: Q) -> tuple[str, tuple[str, ...]]:
-    """``(field, states)`` of a condition ``Q(field__in=[...])`` or ``Q(field=value)``."""
-    if len(condition.children) != 1 or condition.negated or not isinstance(
-            condition.children[0], tuple):
+    """``(field, states)`` of a condition ``Q(field__in=[...])`` or ``Q(field=value)``,
+    possibly ANDed with more terms after it (a *guard*: a term only the queries meant to
+    use the index state, so that other queries cannot; on MariaDB/MySQL the flag alone
+    decides, and the guard is a plain filter there)."""
+    if not condition.children or condition.negated or condition.connector != Q.AND \
+            or not isinstance(condition.children[0], tuple):
         raise ValueError(f"not a condition on one field's values: {condition!r}")
     lookup, value = condition.children[0]
     if lookup.endswith("__in"):

@@ -43,9 +43,6 @@ class PostgreSQL(Engine):
     vendor = "postgresql"
     notifies: ClassVar[bool] = True
     commits_with_completion: ClassVar[bool] = True
-    #: Its planner takes dbworker_task_claimable_any for a one-queue claim too (filtering
-    #: the queue): going queue by queue would walk past the paused tasks once per queue.
-    claims_around_pauses_by_queue: ClassVar[bool] = False
     marker_sql: ClassVar[str | None] = "transaction_timestamp()"
 
     # ----- connections ------------------------------------------------------------------

@@ -9,10 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from django.db import connections
-
 from ..conf import Config
-from ..db import engine_for
 from ..insight.names import configured_queues
 from ..logs import log_event
 from ..models import TaskStatus
@@ -51,7 +48,6 @@ class TaskWork:
         self.retention = Retention(config)
         #: The configured queues (``QUEUES``), for claims around a paused queue's backlog.
         self.known_queues = configured_queues()
-        self.by_queue = engine_for(connections[config.DATABASE]).claims_around_pauses_by_queue
 
     def claim(self, room: int, paused: frozenset[str] = frozenset(), *,
               backlog: bool = False) -> list[TaskClaim]:
@@ -62,7 +58,7 @@ class TaskWork:
         if paused:
             if queues is not None:
                 queues = [q for q in queues if q not in paused]
-            if backlog and self.by_queue:
+            if backlog:
                 queues = queues if queues is not None else [
                     q for q in self.known_queues if q not in paused]
                 if len(queues) > 1:

@@ -37,7 +37,7 @@ from django.utils import timezone
 from .. import conf
 from ..db import compiled, engine, engine_for, notify, sources
 from ..db.engine import Claim as EngineClaim
-from ..models import TASK_CLAIMABLE, TaskRecord, TaskStatus, Transition
+from ..models import ANY_QUEUE_GUARD, TASK_CLAIMABLE, TaskRecord, TaskStatus, Transition
 from ..rows import keys
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
 from . import enqueue as newtasks
@@ -183,6 +183,8 @@ def claim(
         inner: QuerySet[TaskRecord, Any] = TaskRecord.objects.using(using).ready(at)
         if queues is not None:
             inner = inner.filter(queue_name__in=queues)
+        else:  # the index of every queue's claims (its guard: models.ANY_QUEUE_GUARD)
+            inner = inner.filter(ANY_QUEUE_GUARD)
         if paused:
             inner = inner.exclude(queue_name__in=list(paused))
         if only_path is not None:
