@@ -13,6 +13,7 @@ from .rows import store
 from .rows.store import Claimant
 from .rows.sweep import Sweeper
 from .supervisor import units
+from .tasks import concurrency
 from .tasks import store as taskstore
 
 
@@ -40,13 +41,14 @@ def run_until_idle(
     sweepers = [Sweeper(worker, config.SWEEP_BATCH) for worker in selected]
     run_tasks = worker_names is None if tasks is None else tasks
     claimant = Claimant()
+    keyed = concurrency.declared()  # tasks with a concurrency limit are claimed too
     counts: Counter[str] = Counter()
     while True:
         claims: list = []
         for worker in selected:
             claims += store.claim(worker, 1, claimant, config.LEASE_SECONDS)
         if run_tasks:
-            claims += taskstore.claim(None, 1, claimant, config.LEASE_SECONDS)
+            claims += taskstore.claim(None, 1, claimant, config.LEASE_SECONDS, keyed=keyed)
         if not claims:
             # Rows written without save() that became eligible meanwhile (say, through
             # another worker's status) have no pending unit yet: sweep before giving up.

@@ -36,6 +36,8 @@ class TaskWork:
         self.claimant = claimant
         known = task_registry.known()
         self.limits = {path: t.rate_limit for path, t in known.items() if t.rate_limit}
+        #: A task has a concurrency limit: claims take keyed tasks (tasks.concurrency).
+        self.keyed = any(t.concurrency_limit for t in known.values())
         self.timeouts = {path: t.timeout_seconds for path, t in known.items()
                          if t.timeout_seconds}
         self.scheduler = Scheduler(schedules() if schedule else {})
@@ -46,7 +48,7 @@ class TaskWork:
     def claim(self, room: int) -> list[TaskClaim]:
         return taskstore.claim_limited(
             self.queues, room, self.claimant, self.config.LEASE_SECONDS,
-            limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
+            limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT, keyed=self.keyed,
         )
 
     def duties(self, children: Callable[[], list[Child]],

@@ -243,3 +243,7 @@ def guard_subprocess_status():
     import subprocess
 
     return subprocess.run(["sh", "-c", "exit 3"]).returncode
+
+
+if os.environ.get("DBWORKER_TEST_CONCURRENCY"):  # the supervisors of test_concurrency_keys
+    from . import concurrency_tasks  # noqa: F401

@@ -1,0 +1,265 @@
+"""Per-key concurrency limits (``@task(concurrency_limit=N, concurrency_key=...)``,
+``tasks/concurrency.py``): claims in-process on real databases, bad input, and 200 tasks
+over 5 keys under two real supervisors."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+
+import pytest
+from django.tasks import task
+from django.tasks.exceptions import InvalidTask
+from django.utils import timezone
+
+from django_dbworker.exceptions import InvalidTaskArguments
+from django_dbworker.models import ConcurrencySlot, TaskRecord, TaskStatus
+from django_dbworker.rows.store import Claimant, FailureInfo
+from django_dbworker.tasks import concurrency
+from django_dbworker.tasks import store as taskstore
+from django_dbworker.testing import run_until_idle
+from tests.conftest import wait_for
+from tests.testapp import concurrency_tasks as ct
+from tests.testapp import tasks
+
+pytest_db = pytest.mark.django_db(transaction=True)
+ACCOUNT = ct.conc_account.module_path
+
+
+def claim(room: int, claimant: Claimant | None = None, **kwargs):
+    return taskstore.claim(None, room, claimant or Claimant(), 30, keyed=True, **kwargs)
+
+
+def keys_of(claims) -> list[str | None]:
+    found = dict(TaskRecord.objects.filter(pk__in=[c.task_id for c in claims])
+                 .values_list("pk", "concurrency_key"))
+    return [found[c.task_id] for c in claims]
+
+
+def counts(claims) -> dict[str | None, int]:
+    found: dict[str | None, int] = defaultdict(int)
+    for key in keys_of(claims):
+        found[key] += 1
+    return dict(found)
+
+
+# ----- enqueue ------------------------------------------------------------------------------
+
+
+@pytest_db
+def test_the_key_and_limit_are_stored_with_each_call_in_call_order():
+    results = ct.conc_account.enqueue_many([((i % 3, i), {}) for i in range(7)])
+    rows = {str(r.pk): r for r in TaskRecord.objects.all()}
+    assert [rows[r.id].concurrency_key for r in results] == [
+        f"account-{i % 3}" for i in range(7)], "grouped by key, results still in call order"
+    assert [rows[r.id].args for r in results] == [[i % 3, i] for i in range(7)]
+    assert {r.concurrency_limit for r in rows.values()} == {2}
+    assert set(ConcurrencySlot.objects.values_list("key", flat=True)) == {
+        "account-0", "account-1", "account-2"}
+    single = ct.conc_single.enqueue(1)
+    assert TaskRecord.objects.get(pk=single.id).concurrency_key == ct.conc_single.module_path
+    given = ct.conc_account.using(concurrency_key="vip").enqueue(5, 1)
+    assert TaskRecord.objects.get(pk=given.id).concurrency_key == "vip"
+    plain = tasks.add.enqueue(1, 2)
+    row = TaskRecord.objects.get(pk=plain.id)
+    assert row.concurrency_key is None and row.concurrency_limit is None
+
+
+@pytest_db
+def test_keyed_enqueue_on_commit_and_with_an_idempotency_key():
+    from django.db import transaction
+
+    with transaction.atomic():
+        ct.conc_account.using(enqueue_on_commit=True).enqueue(8, 1)
+        assert not TaskRecord.objects.exists()
+    assert TaskRecord.objects.get().concurrency_key == "account-8"
+    first = ct.conc_account.using(idempotency_key="once").enqueue(9, 1)
+    again = ct.conc_account.using(idempotency_key="once").enqueue(9, 2)
+    assert first.id == again.id and TaskRecord.objects.filter(concurrency_key="account-9"
+                                                              ).count() == 1
+
+
+# ----- claims -------------------------------------------------------------------------------
+
+
+@pytest_db
+def test_a_key_never_runs_more_than_its_limit_across_claimants_and_claims():
+    ct.conc_account.enqueue_many([((a, i), {}) for i in range(6) for a in (1, 2)])
+    first = claim(10)
+    assert counts(first) == {"account-1": 2, "account-2": 2}
+    assert claim(10, Claimant()) == [], "another supervisor finds both keys full"
+    assert claim(1) == []
+    assert concurrency.running_counts(["account-1", "account-2"]) == {
+        "account-1": 2, "account-2": 2}
+    assert TaskRecord.objects.filter(status=TaskStatus.READY, attempts=0).count() == 8, \
+        "the tasks left waiting used no attempt"
+    taskstore.succeed(first[0], 1)
+    (next_one,) = claim(10, Claimant())
+    assert keys_of([next_one]) == keys_of([first[0]]), "the freed place goes to its key"
+
+
+@pytest_db
+def test_claims_keep_claim_order_within_and_across_keys():
+    ct.conc_account.using(priority=5).enqueue_many([((1, i), {}) for i in range(3)])
+    ct.conc_account.enqueue_many([((2, i), {}) for i in range(3)])
+    early = tasks.add.using(priority=10).enqueue(0, 0)
+    got = claim(10)
+    assert str(got[0].task_id) == early.id, "priority first"
+    assert keys_of(got)[1:] == [
+        "account-1", "account-1", "account-2", "account-2"]
+
+
+@pytest_db
+def test_a_full_key_blocks_neither_other_keys_nor_plain_tasks_behind_it():
+    ct.conc_account.enqueue_many([((1, i), {}) for i in range(120)])  # first in claim order
+    ct.conc_account.enqueue_many([((2, i), {}) for i in range(3)])
+    plain = tasks.add.enqueue_many([((i, i), {}) for i in range(3)])
+    holder = claim(2)
+    assert counts(holder) == {"account-1": 2}
+    got = claim(4, Claimant())
+    assert counts(got) == {"account-2": 2, None: 2}, "past 120 tasks of a full key"
+    got_more = claim(4, Claimant())
+    assert counts(got_more) == {None: 1}
+    assert {str(c.task_id) for c in got + got_more if c.task_path != ACCOUNT} == {
+        r.id for r in plain}
+    # A key that fills up within one claim: the page read after it skips its tasks.
+    ct.conc_account.enqueue_many([((3, i), {}) for i in range(80)])
+    ct.conc_account.enqueue_many([((4, i), {}) for i in range(2)])
+    assert counts(claim(4)) == {"account-3": 2, "account-4": 2}
+
+
+@pytest_db
+def test_the_plain_claim_leaves_keyed_tasks_to_the_keyed_one():
+    ct.conc_account.enqueue_many([((1, i), {}) for i in range(3)])
+    plain = tasks.add.enqueue(1, 1)
+    got = taskstore.claim(None, 10, Claimant(), 30)
+    assert [str(c.task_id) for c in got] == [plain.id]
+    assert TaskRecord.objects.filter(status=TaskStatus.READY).count() == 3
+
+
+@pytest_db
+def test_a_released_or_reaped_holder_frees_its_place():
+    ct.conc_single.enqueue_many([((i,), {}) for i in range(3)])
+    (held,) = claim(5)
+    assert claim(5) == []
+    taskstore.release(held, crashed=FailureInfo("x.Boom", "child died"), max_crashes=3)
+    (again,) = claim(5)
+    assert claim(5) == []
+    TaskRecord.objects.filter(pk=again.task_id).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert taskstore.reap(max_crashes=3) == 1
+    (third,) = claim(5)
+    assert claim(5) == []
+    taskstore.unclaim([third])  # claimed ahead, given back before it ran
+    assert len(claim(5)) == 1, "a task given back frees its place too"
+
+
+@pytest_db
+def test_each_row_is_held_to_its_own_limit_when_tasks_share_a_key():
+    ct.conc_shared_one.enqueue_many([((i,), {}) for i in range(3)])
+    ct.conc_shared_three.enqueue_many([((i,), {}) for i in range(3)])
+    got = claim(10)
+    paths = [c.task_path for c in got]
+    assert paths.count(ct.conc_shared_one.module_path) == 1, "limit 1: one while none ran"
+    assert paths.count(ct.conc_shared_three.module_path) == 2, "limit 3: while fewer than 3"
+    assert claim(10) == []
+
+
+@pytest_db
+def test_rate_limits_and_concurrency_limits_together():
+    ct.conc_rated.enqueue_many([((a, i), {}) for i in range(4) for a in (1, 2)])
+    tasks.add.enqueue_many([((i, i), {}) for i in range(2)])
+    got = taskstore.claim_limited(None, 10, Claimant(), 30, global_limit=None,
+                                  limits={ct.conc_rated.module_path: "1000/s"}, keyed=True)
+    assert counts(got) == {"account-1": 2, "account-2": 2, None: 2}
+
+
+@pytest_db
+def test_a_deleted_slot_is_made_again_at_the_claim():
+    ct.conc_single.enqueue(1)
+    ConcurrencySlot.objects.all().delete()
+    assert len(claim(2)) == 1 and ConcurrencySlot.objects.count() == 1
+
+
+@pytest_db
+def test_run_until_idle_runs_keyed_tasks():
+    ct.conc_account.enqueue_many([((a, i), {}) for i in range(3) for a in (1, 2)])
+    assert run_until_idle() == {"successful": 6}
+
+
+# ----- bad input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True, "2", 10**7])
+def test_a_bad_limit_is_refused_where_it_is_declared(limit):
+    with pytest.raises(InvalidTask, match=rf"concurrency_limit={limit!r} must be a whole "
+                                          "number from 1"):
+        task(concurrency_limit=limit)(ct.conc_single.func)
+
+
+@pytest.mark.parametrize("key", ["", 42, b"k", "x" * 256])
+def test_a_bad_key_is_refused_where_it_is_declared(key):
+    with pytest.raises(InvalidTask, match=r"concurrency_key=.* must be a non-empty string"):
+        task(concurrency_limit=1, concurrency_key=key)(ct.conc_single.func)
+
+
+def test_a_key_without_a_limit_is_refused():
+    with pytest.raises(InvalidTask, match="without concurrency_limit; give both"):
+        task(concurrency_key="k")(ct.conc_single.func)
+
+
+@pytest_db
+def test_a_bad_key_given_at_the_call_is_refused_and_nothing_is_written():
+    with pytest.raises(InvalidTask, match=r"concurrency_key=7 must be a non-empty string"):
+        ct.conc_account.using(concurrency_key=7).enqueue(1, 1)
+    with pytest.raises(InvalidTask, match="without concurrency_limit"):
+        tasks.add.using(concurrency_key="k").enqueue(1, 1)
+    assert not TaskRecord.objects.exists() and not ConcurrencySlot.objects.exists()
+
+
+@pytest_db
+def test_a_key_function_that_fails_or_returns_no_string_names_the_call():
+    bad = ct.conc_account.using()
+    object.__setattr__(bad, "concurrency_key", lambda account, n, **kw: account)
+    with pytest.raises(InvalidTaskArguments, match=r"returned 7 for call 1; it must return a "
+                                                   "non-empty string.*Nothing was enqueued"):
+        bad.enqueue_many([(("a", 1), {}), ((7, 2), {})])
+    with pytest.raises(InvalidTaskArguments, match=r"raised TypeError.*call 0"):
+        ct.conc_account.enqueue()
+    assert not TaskRecord.objects.exists() and not ConcurrencySlot.objects.exists()
+
+
+# ----- two supervisors ----------------------------------------------------------------------
+
+
+@pytest.mark.processes
+def test_200_tasks_over_5_keys_with_limit_2_under_two_supervisors(runworkers):
+    from django_dbworker.models import Supervisor
+
+    env = {"DBWORKER_TEST_CONCURRENCY": "1"}
+    supervisors = [runworkers("--concurrency", "4", extra_env=env) for _ in range(2)]
+    wait_for(lambda: Supervisor.objects.count() == 2, timeout=60,
+             what="both supervisors to start")  # so that both take part
+    results = ct.conc_account.enqueue_many(
+        [((i % 5, i), {"sleep": 0.03}) for i in range(200)])
+    ids = [r.id for r in results]
+    done = TaskRecord.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL)
+    wait_for(lambda: done.count() == 200, timeout=120, what="all 200 tasks to finish")
+    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for value in TaskRecord.objects.filter(pk__in=ids).values_list("return_value", flat=True):
+        spans[value["account"]].append((value["start"], value["end"]))
+    claimed_by = {worker for worker_ids in TaskRecord.objects.filter(pk__in=ids)
+                  .values_list("worker_ids", flat=True) for worker in worker_ids}
+    for account, runs in spans.items():
+        events = sorted([(s, 1) for s, _ in runs] + [(e, -1) for _, e in runs],
+                        key=lambda ev: (ev[0], ev[1]))  # an end before a start at a tie
+        running = most = 0
+        for _, step in events:
+            running += step
+            most = max(most, running)
+        assert most <= 2, f"account {account}: {most} ran at once"
+        assert most == 2, f"account {account} never ran two at once: is the limit too tight?"
+    assert len(spans) == 5 and sum(len(r) for r in spans.values()) == 200
+    assert len(claimed_by) == 2, f"both supervisors claimed: {claimed_by}"
+    for p in supervisors:
+        assert "Traceback" not in p.output(), p.output()
