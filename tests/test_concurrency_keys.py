@@ -258,7 +258,6 @@ def test_200_tasks_over_5_keys_with_limit_2_under_two_supervisors(runworkers):
             running += step
             most = max(most, running)
         assert most <= 2, f"account {account}: {most} ran at once"
-        assert most == 2, f"account {account} never ran two at once: is the limit too tight?"
     assert len(spans) == 5 and sum(len(r) for r in spans.values()) == 200
     assert len(claimed_by) == 2, f"both supervisors claimed: {claimed_by}"
     for p in supervisors:
