@@ -12,10 +12,11 @@ claim (``claim`` here), in one transaction:
    between claims, whatever order their keys come in);
 3. counts the RUNNING tasks of those keys (index ``dbworker_task_keyed_running``);
 4. takes the candidates in claim order: a keyless one always, a keyed one while fewer than
-   its own row's limit run with its key; at the first one of a key that does not fit, the
-   key is closed for this claim (a key's tasks start in claim order);
-5. when closed keys left room unused, reads the next candidates without the closed keys
-   (at most ``PAGES`` reads), so full keys block neither other keys nor plain tasks;
+   its own row's limit run with its key;
+5. when full keys left room unused, counts the RUNNING tasks of every key (a guess, read
+   without a lock: bounded by what runs everywhere) and reads the next candidates without
+   the rows that cannot fit (at most ``PAGES`` reads in all), so full keys block neither
+   other keys nor plain tasks behind them;
 6. marks the chosen tasks RUNNING in one statement (``store.claim_ids``).
 
 A task becomes RUNNING only in a claim that holds its key's lock, and the count is read
@@ -168,13 +169,16 @@ def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
     """The ids to claim, in claim order (the transaction holds their rows and the slots of
     their keys)."""
     chosen: list[Any] = []
-    # How many run of each key that has a RUNNING task: a first guess, read without a
-    # lock (bounded by the tasks running everywhere), so that candidates that cannot
-    # fit are not even read; exact for the keys whose slots this claim holds.
-    running = _running(using, None)
+    # How many run of each key: exact for the keys whose slots this claim holds; after a
+    # first page that left room for want of places, a guess for every key that has a
+    # RUNNING task (read without a lock, bounded by the tasks running everywhere), so
+    # that the next pages do not even read what cannot fit.
+    running: dict[str, int] = {}
     held: set[str] = set()
     skipped: set[str] = set()  # slots another claim holds now: next round
-    for _ in range(PAGES):
+    for page_number in range(PAGES):
+        if page_number == 1:
+            running = _running(using, None) | {k: running[k] for k in held}
         want = limit - len(chosen)
         size = want + min(want, SLACK)
         page = _candidates(using, now, queues, only_path, exclude,

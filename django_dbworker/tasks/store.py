@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import uuid
@@ -212,12 +213,14 @@ def claim_ids(ids: list[Any], claimant: Claimant, lease: float,
     marks = ", ".join(["%s"] * len(ids))
     sql = (f"SELECT {quote('id')} FROM {quote(TaskRecord._meta.db_table)} "
            f"WHERE {quote('id')} IN ({marks})")
-    return _claim_candidates(sql, [_prep("id", pk, using) for pk in ids], claimant, lease, now)
+    return _claim_candidates(sql, [_prep("id", pk, using) for pk in ids], claimant, lease, now,
+                             held=True)
 
 
 def _claim_candidates(inner_sql: str, inner_params: Sequence[Any], claimant: Claimant,
-                      lease: float, now: datetime) -> list[TaskClaim]:
-    """RUNNING for ``claimant``: the tasks ``inner_sql`` selects (their ids), in its order."""
+                      lease: float, now: datetime, *, held: bool = False) -> list[TaskClaim]:
+    """RUNNING for ``claimant``: the tasks ``inner_sql`` selects (their ids), in its order;
+    ``held``: in the caller's transaction, which holds them (no savepoint of its own)."""
     using = _alias()
     connection = connections[using]
     expires = now + timedelta(seconds=lease)
@@ -249,7 +252,8 @@ def _claim_candidates(inner_sql: str, inner_params: Sequence[Any], claimant: Cla
         candidate_params=inner_params,
         returning=f"{quote('id')}, {returned.sql}",
     )
-    with one_statement(using), connection.cursor() as cursor:
+    with (contextlib.nullcontext() if held else one_statement(using),
+          connection.cursor() as cursor):
         # in the candidates' order: priority, then the longest available (ties: the index's)
         rows = returned.values([row[1:] for row in engine_for(connection).claim(cursor, parts)])
     at = [returned.names.index(name) for name in ("id", "task_path", "attempts")]
