@@ -262,3 +262,50 @@ def test_200_tasks_over_5_keys_with_limit_2_under_two_supervisors(runworkers):
     assert len(claimed_by) == 2, f"both supervisors claimed: {claimed_by}"
     for p in supervisors:
         assert "Traceback" not in p.output(), p.output()
+
+
+# ----- plans --------------------------------------------------------------------------------
+
+
+@pytest_db
+def test_the_keyed_claim_walks_the_claim_index_and_counts_through_the_keyed_index(vendor):
+    """The candidates in the claim index's order (no sort of what waits); the RUNNING
+    tasks of the keys counted through ``dbworker_task_keyed_running``."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    ct.conc_account.enqueue_many([((i % 40, i), {}) for i in range(3000)])
+    ct.conc_account.using(priority=7).enqueue_many([((i % 4, i), {}) for i in range(100)])
+    claim(4)  # some RUNNING, so that the count has rows to find
+    analyze = "ANALYZE TABLE" if vendor == "mysql" else "ANALYZE"
+    with connection.cursor() as cursor:
+        cursor.execute(f"{analyze} {TaskRecord._meta.db_table}")
+        if vendor == "mysql":
+            cursor.fetchall()
+    with CaptureQueriesContext(connection) as captured:
+        claimed = claim(8)
+    assert [c.row(connection.alias).priority for c in claimed] == [7] * 4 + [0] * 4, \
+        "two of account-0 and account-1 run: two of each other key of priority 7, then 0"
+    sqls = [q["sql"] for q in captured.captured_queries]
+    candidates = next(s for s in sqls if "ORDER BY" in s and "concurrency_limit" in s)
+    counts_sql = [s for s in sqls if "COUNT(" in s.upper()]
+    assert counts_sql, sqls
+    with connection.cursor() as cursor:
+        for sql, index, sorted_ok in ((candidates, "dbworker_task_claimable_any", False),
+                                      (counts_sql[0], "dbworker_task_keyed_running", True)):
+            if vendor == "postgresql":
+                cursor.execute(f"EXPLAIN {sql}")
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+                assert f"{index} " in plan, plan
+                assert sorted_ok or "Sort" not in plan, plan
+            elif vendor == "mysql":
+                cursor.execute(f"EXPLAIN {sql}")
+                names = [c[0].lower() for c in cursor.description]
+                rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+                assert rows[0]["key"] == index, rows
+                assert sorted_ok or "filesort" not in (rows[0]["extra"] or ""), rows
+            else:
+                cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+                plan = "\n".join(row[-1] for row in cursor.fetchall())
+                assert f"INDEX {index}" in plan, plan
+                assert sorted_ok or "TEMP B-TREE" not in plan, plan

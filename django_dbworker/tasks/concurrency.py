@@ -15,7 +15,8 @@ claim (``claim`` here), in one transaction:
    its own row's limit run with its key;
 5. when full keys left room unused, counts the RUNNING tasks of every key (a guess, read
    without a lock: bounded by what runs everywhere) and reads the next candidates without
-   the rows that cannot fit (at most ``PAGES`` reads in all), so full keys block neither
+   the rows that cannot fit (at most ``PAGES`` reads in all, each ``GROWTH`` times larger
+   than the one before), so full keys block neither
    other keys nor plain tasks behind them;
 6. marks the chosen tasks RUNNING in one statement (``store.claim_ids``).
 
@@ -55,6 +56,9 @@ PAGES = 4
 #: Candidates read per page beyond the room left, at most: a full key's tasks among them
 #: need not cost another read.
 SLACK = 32
+#: Each page after the first reads this many times more candidates, up to ``MAX_PAGE``.
+GROWTH = 4
+MAX_PAGE = 1000
 
 type KeyFunction = Callable[..., str]
 
@@ -180,7 +184,9 @@ def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
         if page_number == 1:
             running = _running(using, None) | {k: running[k] for k in held}
         want = limit - len(chosen)
-        size = want + min(want, SLACK)
+        # Each page reads GROWTH times more: a full key's tasks may come in long runs (one
+        # enqueue_many stores its calls grouped by key).
+        size = min((want + min(want, SLACK)) * GROWTH ** page_number, MAX_PAGE)
         page = _candidates(using, now, queues, only_path, exclude,
                            _full(running, skipped), chosen, size)
         fresh = {key for _, key, _ in page if key is not None and key not in held
