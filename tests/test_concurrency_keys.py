@@ -187,6 +187,58 @@ def test_run_until_idle_runs_keyed_tasks():
     assert run_until_idle() == {"successful": 6}
 
 
+@pytest_db
+def test_claimants_racing_in_threads_never_pass_a_limit(vendor):
+    """Four claimants claim and finish at once, over and over; every claim's view and a
+    watcher's count stay within the limit, and every task runs once."""
+    import threading
+
+    from django.db import connections
+
+    if vendor == "sqlite":
+        pytest.skip("SQLite serialises writers; the process test covers it there")
+    ct.conc_account.enqueue_many([((i % 3, i), {}) for i in range(150)])
+    errors: list[BaseException] = []
+    seen: list[int] = []
+    done = threading.Event()
+
+    def claimant() -> None:
+        me = Claimant()
+        try:
+            while got := claim(3, me) or TaskRecord.objects.filter(
+                    status__in=[TaskStatus.READY, TaskStatus.RUNNING]).exists():
+                if got is True:
+                    continue
+                seen.append(max(concurrency.running_counts(
+                    [f"account-{a}" for a in range(3)]).values()))
+                taskstore.succeed_many([(c, None, timezone.now()) for c in got])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def watcher() -> None:
+        try:
+            while not done.is_set():
+                seen.append(max(concurrency.running_counts(
+                    [f"account-{a}" for a in range(3)]).values()))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claimant) for _ in range(4)]
+    watching = threading.Thread(target=watcher)
+    watching.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    done.set()
+    watching.join(10)
+    assert not errors, errors
+    assert seen and max(seen) <= 2, max(seen)
+    assert TaskRecord.objects.filter(status=TaskStatus.SUCCESSFUL, attempts=1).count() == 150
+
+
 # ----- bad input ----------------------------------------------------------------------------
 
 
