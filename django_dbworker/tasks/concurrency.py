@@ -29,7 +29,7 @@ Tasks left behind stay READY and use no attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -59,8 +59,6 @@ SLACK = 32
 #: Each page after the first reads this many times more candidates, up to ``MAX_PAGE``.
 GROWTH = 4
 MAX_PAGE = 1000
-
-type KeyFunction = Callable[..., str]
 
 
 # ----- declaration and enqueue ------------------------------------------------------------
