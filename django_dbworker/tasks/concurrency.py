@@ -53,10 +53,11 @@ MAX_KEY_LENGTH = 255
 #: Reads of candidates one keyed claim makes at most (the first, and the next ones past
 #: keys found full).
 PAGES = 4
-#: Candidates read per page beyond the room left, at most: a full key's tasks among them
-#: need not cost another read.
-SLACK = 32
-#: Each page after the first reads this many times more candidates, up to ``MAX_PAGE``.
+#: The first page reads ``GROWTH`` times the room left (at least ``FIRST_PAGE``), and each
+#: page after it ``GROWTH`` times more, up to ``MAX_PAGE``: tasks that do not fit cost a
+#: few more rows read, not another round of statements. (The rows are three small columns;
+#: those not taken are unlocked at the commit.)
+FIRST_PAGE = 32
 GROWTH = 4
 MAX_PAGE = 1000
 
@@ -184,7 +185,7 @@ def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
         want = limit - len(chosen)
         # Each page reads GROWTH times more: a full key's tasks may come in long runs (one
         # enqueue_many stores its calls grouped by key).
-        size = min((want + min(want, SLACK)) * GROWTH ** page_number, MAX_PAGE)
+        size = min(max(want * GROWTH, FIRST_PAGE) * GROWTH ** page_number, MAX_PAGE)
         page = _candidates(using, now, queues, only_path, exclude,
                            _full(running, skipped), chosen, size)
         fresh = {key for _, key, _ in page if key is not None and key not in held
