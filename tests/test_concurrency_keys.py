@@ -21,6 +21,7 @@ from django_dbworker.testing import run_until_idle
 from tests.conftest import wait_for
 from tests.testapp import concurrency_tasks as ct
 from tests.testapp import tasks
+from tests.testapp.models import Item
 
 pytest_db = pytest.mark.django_db(transaction=True)
 ACCOUNT = ct.conc_account.module_path
@@ -361,3 +362,123 @@ def test_the_keyed_claim_walks_the_claim_index_and_counts_through_the_keyed_inde
                 plan = "\n".join(row[-1] for row in cursor.fetchall())
                 assert f"INDEX {index}" in plan, plan
                 assert sorted_ok or "TEMP B-TREE" not in plan, plan
+
+
+# ----- row workers --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def row_worker():
+    from django_dbworker import Finished
+    from django_dbworker.registry import worker, workers
+    from django_dbworker.rows.sweep import Sweeper
+
+    def conc_rows_inline(item):
+        return Finished()
+
+    made = worker(conc_rows_inline, source=Item, eligible=Item.objects.filter(kind="conc_rows"),
+                  concurrency_limit=2, concurrency_key="action")
+
+    def add(actions: list[str]) -> None:
+        Item.objects.bulk_create([Item(kind="conc_rows", action=a) for a in actions])
+        Sweeper(made, 5000).sweep_all()
+
+    made.add = add  # type: ignore[attr-defined]
+    yield made
+    workers.remove("conc_rows_inline")
+
+
+def row_keys(claims) -> dict[str, int]:
+    from collections import Counter
+
+    actions = dict(Item.objects.values_list("pk", "action"))
+    return dict(Counter(actions[int(c.source_key)] for c in claims))
+
+
+@pytest_db
+def test_a_row_workers_key_never_works_more_than_its_limit(row_worker):
+    from django_dbworker import Finished
+    from django_dbworker.rows import store as rowstore
+
+    row_worker.add(["a"] * 60 + ["b"] * 3 + ["c"] * 3)  # "a" first in eligible's order
+    first = rowstore.claim(row_worker, 10, Claimant(), 30)
+    assert row_keys(first) == {"a": 2, "b": 2, "c": 2}, "a full key blocks no other"
+    assert rowstore.claim(row_worker, 10, Claimant(), 30) == []
+    assert rowstore.complete(first[0], Finished()) == 1
+    (again,) = rowstore.claim(row_worker, 10, Claimant(), 30)
+    assert row_keys([again]) == row_keys([first[0]])
+    rowstore.unclaim([again])
+    (given_back,) = rowstore.claim(row_worker, 10, Claimant(), 30)
+    rowstore.release(given_back, crashed=FailureInfo("x.Boom", "died"), max_crashes=3)
+    assert len(rowstore.claim(row_worker, 10, Claimant(), 30)) == 1, "released: its place too"
+
+
+@pytest_db
+def test_a_row_worker_without_a_key_field_has_one_key():
+    from django_dbworker import Finished
+    from django_dbworker.registry import worker, workers
+    from django_dbworker.rows import store as rowstore
+    from django_dbworker.rows.sweep import Sweeper
+
+    def conc_rows_one(item):
+        return Finished()
+
+    made = worker(conc_rows_one, source=Item, eligible=Item.objects.filter(kind="conc_rows"),
+                  concurrency_limit=3)
+    try:
+        Item.objects.bulk_create([Item(kind="conc_rows", action=str(i)) for i in range(5)])
+        Sweeper(made, 5000).sweep_all()
+        assert len(rowstore.claim(made, 2, Claimant(), 30)) == 2
+        assert len(rowstore.claim(made, 5, Claimant(), 30)) == 1
+        assert rowstore.claim(made, 5, Claimant(), 30) == []
+    finally:
+        workers.remove("conc_rows_one")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"concurrency_limit": 0}, r"concurrency_limit=0 must be a whole number from 1"),
+    ({"concurrency_limit": -2}, r"concurrency_limit=-2 must be a whole number from 1"),
+    ({"concurrency_limit": 1, "concurrency_key": "nope"},
+     r"concurrency_key='nope' must name a field of testapp.Item \(one of action, "),
+    ({"concurrency_limit": 1, "concurrency_key": 3}, r"concurrency_key=3 must name a field"),
+    ({"concurrency_key": "action"}, r"without concurrency_limit; give both"),
+])
+def test_bad_row_worker_concurrency_options_are_refused_at_declaration(options, message):
+    from django_dbworker.exceptions import InvalidWorker
+    from django_dbworker.registry import worker, workers
+
+    def conc_rows_bad(item):
+        return None
+
+    with pytest.raises(InvalidWorker, match=message):
+        worker(conc_rows_bad, source=Item, **options)
+    assert "conc_rows_bad" not in workers
+
+
+@pytest.mark.processes
+def test_row_units_over_5_keys_with_limit_2_under_two_supervisors(runworkers):
+    from django_dbworker.models import Supervisor
+    from tests.testapp.models import Effect
+
+    env = {"DBWORKER_TEST_CONCURRENCY": "1"}
+    supervisors = [runworkers("--concurrency", "4", extra_env=env) for _ in range(2)]
+    wait_for(lambda: Supervisor.objects.count() == 2, timeout=60,
+             what="both supervisors to start")
+    Item.objects.bulk_create([Item(kind="conc_rows", action=f"k{i % 5}") for i in range(100)])
+    done = Effect.objects.filter(worker="conc_rows")
+    wait_for(lambda: done.count() >= 100, timeout=120, what="all 100 rows to be worked")
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for note in done.values_list("note", flat=True):
+        action, start, end = note.split()
+        spans[action].append((float(start), float(end)))
+    for action, runs in spans.items():
+        events = sorted([(s, 1) for s, _ in runs] + [(e, -1) for _, e in runs])
+        running = most = 0
+        for _, step in events:
+            running += step
+            most = max(most, running)
+        assert most <= 2, f"key {action}: {most} worked at once"
+    assert done.count() == 100 and len(spans) == 5
+    assert len(set(done.values_list("pid", flat=True))) > 1, "children of both supervisors"
+    for p in supervisors:
+        assert "Traceback" not in p.output(), p.output()
