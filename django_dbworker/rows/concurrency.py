@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from ..exceptions import InvalidWorker
 from ..models import Execution
-from ..tasks.concurrency import MAX_LIMIT, _lock_slots
+from ..tasks.concurrency import MAX_LIMIT, lock_slots
 from . import keys
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[
             key_of = _keys(worker, {sid for _, sid in page}, using)
             fresh = set(key_of.values()) - held - skipped
             if fresh:
-                locked = _lock_slots(using, sorted(fresh))
+                locked = lock_slots(using, sorted(fresh))
                 skipped |= fresh - locked
                 if locked - held:
                     held |= locked

@@ -191,7 +191,7 @@ def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
         fresh = {key for _, key, _ in page if key is not None and key not in held
                  and key not in skipped}
         if fresh:
-            locked = _lock_slots(using, sorted(fresh))
+            locked = lock_slots(using, sorted(fresh))
             skipped |= fresh - locked
             held |= locked
             running.update(_running(using, locked))
@@ -253,7 +253,7 @@ def _candidates(using: str, now: Any, queues: list[str] | None, only_path: str |
     return list(qs.values_list("id", "concurrency_key", "concurrency_limit")[:size])
 
 
-def _lock_slots(using: str, keys: list[str]) -> set[str]:
+def lock_slots(using: str, keys: list[str]) -> set[str]:
     """Lock the slots of ``keys`` that no other claim holds now; the keys locked. A slot
     missing (deleted by hand) is made first."""
     connection = connections[using]
