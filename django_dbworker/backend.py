@@ -249,6 +249,9 @@ class DBWorkerBackend(BaseTaskBackend):
         on_commit = getattr(task, "enqueue_on_commit", None)
         if on_commit is None:
             on_commit = self.enqueue_on_commit
+        if getattr(task, "concurrency_limit", None) is not None:
+            return self._enqueue_keyed(cast(DBWorkerTask, task), shared, ids, calls,
+                                       key, on_commit)
         if key is None and not on_commit:
             # Batch by batch: on PostgreSQL the server stores a batch while the next is
             # built (taskstore.insert_batches), and its results are made meanwhile.
@@ -277,6 +280,59 @@ class DBWorkerBackend(BaseTaskBackend):
         stored = taskstore.insert(rows, idempotency_key=key, payload=payload)
         results = [self.result(row, task) for row in stored]  # the row holding the key:
         if _inserted(stored[0], rows[0]):                     # ours, or an earlier one's
+            send_enqueued(type(self), results)
+        return results
+
+    def _enqueue_keyed(self, task: DBWorkerTask, shared: Any, ids: list[str],
+                       calls: list[Any], key: str | None,
+                       on_commit: bool) -> list[DBWorkerTaskResult]:
+        """``enqueue_many`` of a task with a concurrency limit: the calls grouped by their
+        concurrency key (a statement per key and batch), the results in call order, the
+        keys' slots made first (``tasks.concurrency``)."""
+        from .tasks import concurrency
+        from .tasks import enqueue as newtasks
+        from .tasks import store as taskstore
+        from .tasks.results import new_results
+
+        rows = _rows(task, shared, ids, calls, 0)
+        _encode(task, rows, 0)  # refuses, naming the call, what is not JSON or too large
+        keys = concurrency.keys_of(task, [(r.args, r.kwargs) for r in rows])
+        limit = task.concurrency_limit
+        groups: dict[str, list[newtasks.NewTask]] = {}
+        for row, k in zip(rows, keys, strict=True):
+            if k not in groups:
+                groups[k] = []
+                group_shared = replace(shared, concurrency_key=k, concurrency_limit=limit)
+            else:
+                group_shared = groups[k][0].shared
+            row.shared = group_shared
+            groups[k].append(row)
+        using = conf.get().DATABASE
+
+        def store() -> list[Any]:
+            concurrency.ensure_slots(groups, using)
+            if key is not None:
+                return taskstore.insert(rows, idempotency_key=key)
+            taskstore.insert_batches(
+                (group[start:start + newtasks.BATCH], None)
+                for group in groups.values() for start in range(0, len(group), newtasks.BATCH))
+            return list(rows)
+
+        if on_commit:
+            def insert() -> None:
+                stored = store()
+                if key is None or _inserted(stored[0], rows[0]):
+                    send_enqueued(type(self), [self.result(row, task) for row in stored])
+
+            transaction.on_commit(insert, using=using)
+            return new_results(rows, self.alias, task)
+        stored = store()
+        if key is None:
+            results = new_results(rows, self.alias, task)
+            send_enqueued(type(self), results)
+            return results
+        results = [self.result(row, task) for row in stored]  # the row holding the key
+        if _inserted(stored[0], rows[0]):
             send_enqueued(type(self), results)
         return results
 
@@ -530,6 +586,9 @@ def _validate_options(where: str, task: DBWorkerTask) -> None:
         uniqueness.validate(where, task)
 
     # ----- concurrency (flow control) -----
+    from .tasks.concurrency import check_declaration
+
+    check_declaration(where, task.concurrency_limit, task.concurrency_key)
 
     # ----- snooze (flow control) -----
     snoozes = task.max_snoozes

@@ -34,12 +34,18 @@ class Worker:
         eligible: Eligible | None,
         concurrency: int,
         transactional: bool,
+        concurrency_limit: int | None = None,
+        concurrency_key: str | None = None,
     ) -> None:
         self.handler = handler
         self.name = name
         self.source = source
         self._eligible = eligible
         self.concurrency = concurrency
+        #: At most this many units of one key WORKING at once on every supervisor; the key
+        #: is the source row's field ``concurrency_key`` (None: one key for the worker).
+        self.concurrency_limit = concurrency_limit
+        self.concurrency_key = concurrency_key
         self.transactional = transactional
         self.takes_context = _count_parameters(name, handler) == 2
         self.__doc__ = handler.__doc__
@@ -134,17 +140,25 @@ def worker(
     eligible: Eligible | None = None,
     concurrency: int = 1,
     transactional: bool = True,
+    concurrency_limit: int | None = None,
+    concurrency_key: str | None = None,
 ) -> Any:
     """Register a handler that processes every eligible row of ``source`` once.
 
     ``eligible`` is a QuerySet of ``source`` (or a callable returning one) saying which rows
     may be claimed next, and in what order. ``concurrency`` caps how many units of this
-    worker one supervisor runs at once.
+    worker one supervisor runs at once; ``concurrency_limit`` how many of one key run at
+    once on all supervisors together, the key being the value of the source row's field
+    named ``concurrency_key`` (without one: all the worker's units share one key).
     """
 
     def decorate(handler: Handler) -> Worker:
         worker_name = handler.__name__ if name is None else name
         _validate(worker_name, handler, source, eligible, concurrency, transactional)
+        from .rows.concurrency import check_declaration
+
+        check_declaration(f"@worker {worker_name!r} ({_where(handler)})", source,
+                          concurrency_limit, concurrency_key)
         registered = Worker(
             handler,
             name=worker_name,
@@ -152,6 +166,8 @@ def worker(
             eligible=eligible,
             concurrency=concurrency,
             transactional=transactional,
+            concurrency_limit=concurrency_limit,
+            concurrency_key=concurrency_key,
         )
         workers.add(registered)
         return registered

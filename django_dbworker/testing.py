@@ -14,6 +14,7 @@ from .rows.store import Claimant
 from .rows.sweep import Sweeper
 from .supervisor import units
 from .supervisor.pauses import Pauses
+from .tasks import concurrency
 from .tasks import store as taskstore
 
 
@@ -42,6 +43,7 @@ def run_until_idle(
     sweepers = [Sweeper(worker, config.SWEEP_BATCH) for worker in selected]
     run_tasks = worker_names is None if tasks is None else tasks
     claimant = Claimant()
+    keyed = concurrency.declared()  # tasks with a concurrency limit are claimed too
     counts: Counter[str] = Counter()
     pauses = Pauses(config.DATABASE, 0.0)  # paused queues and workers are left alone
     while True:
@@ -52,7 +54,7 @@ def run_until_idle(
                 claims += store.claim(worker, 1, claimant, config.LEASE_SECONDS)
         if run_tasks:
             claims += taskstore.claim(None, 1, claimant, config.LEASE_SECONDS,
-                                      exclude_queues=pauses.queues)
+                                      exclude_queues=pauses.queues, keyed=keyed)
         if not claims:
             # Rows written without save() that became eligible meanwhile (say, through
             # another worker's status) have no pending unit yet: sweep before giving up.

@@ -246,6 +246,10 @@ def one_statement(using: str) -> Any:
 
 def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[Claim]:
     """Claim up to ``limit`` units of ``worker``, in eligible's order; committed on return."""
+    if getattr(worker, "concurrency_limit", None) is not None:
+        from . import concurrency  # each key within its limit on every supervisor
+
+        return concurrency.claim(worker, limit, claimant, lease)
     using = _alias()
     now = timezone.now()
     expires = now + timedelta(seconds=lease)

@@ -39,6 +39,8 @@ class TaskWork:
         self.claimant = claimant
         known = task_registry.known()
         self.limits = {path: t.rate_limit for path, t in known.items() if t.rate_limit}
+        #: A task has a concurrency limit: claims take keyed tasks (tasks.concurrency).
+        self.keyed = any(t.concurrency_limit for t in known.values())
         self.timeouts = {path: t.timeout_seconds for path, t in known.items()
                          if t.timeout_seconds}
         self.scheduler = Scheduler(schedules() if schedule else {},
@@ -72,7 +74,7 @@ class TaskWork:
         return taskstore.claim_limited(
             queues, room, self.claimant, self.config.LEASE_SECONDS,
             limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
-            exclude_queues=paused,
+            exclude_queues=paused, keyed=self.keyed,
         )
 
     def _claim_by_queue(self, queues: list[str], room: int) -> list[TaskClaim]:

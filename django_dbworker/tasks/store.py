@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import uuid
@@ -165,18 +166,24 @@ def claim(
     only_path: str | None = None,
     exclude_paths: list[str] | tuple[str, ...] = (),
     exclude_queues: frozenset[str] = frozenset(),
+    keyed: bool = False,
 ) -> list[TaskClaim]:
     """Claim up to ``limit`` ready tasks, highest priority first (``Engine.claim``);
-    ``exclude_queues``: paused queues, for a claim of every queue (``queues`` None)."""
+    ``exclude_queues``: paused queues, for a claim of every queue (``queues`` None).
+
+    Tasks with a concurrency key only with ``keyed`` (``tasks.concurrency.claim``: the
+    same, each key within its limit); without, they are left for a keyed claim."""
     if limit <= 0:
         return []
+    exclude = tuple(exclude_paths)
+    if keyed:
+        from . import concurrency
+
+        return concurrency.claim(queues, limit, claimant, lease, only_path=only_path,
+                                 exclude_paths=exclude, exclude_queues=exclude_queues)
     using = _alias()
     connection = connections[using]
     now = timezone.now()
-    expires = now + timedelta(seconds=lease)
-    token = uuid.uuid4()
-    worker_id = f"{claimant.host}:{claimant.pid}"
-    exclude = tuple(exclude_paths)
     paused = tuple(sorted(exclude_queues)) if queues is None else ()
 
     def build(at: datetime) -> Any:
@@ -191,6 +198,7 @@ def claim(
             inner = inner.filter(task_path=only_path)
         if exclude:
             inner = inner.exclude(task_path__in=list(exclude))
+        inner = inner.filter(concurrency_key__isnull=True)  # keyed: concurrency.claim
         # The order of the claim index (dbworker_task_claimable): with one queue the claim
         # walks it and stops after ``limit`` tasks; a tie-breaker it lacks (``id``) would
         # make every claim sort all waiting tasks. Ties go in index order (enqueue order).
@@ -204,6 +212,31 @@ def claim(
     key = ("task", tuple(queues) if queues is not None else None, limit, only_path, exclude,
            paused)
     inner_sql, inner_params = compiled.sql_with_now(key, None, build, now, using)
+    return _claim_candidates(inner_sql, inner_params, claimant, lease, now)
+
+
+def claim_ids(ids: list[Any], claimant: Claimant, lease: float,
+              now: datetime) -> list[TaskClaim]:
+    """Claim the tasks ``ids`` that the caller's transaction picked and holds (locked,
+    still waiting): ``tasks.concurrency.claim``. In no particular order."""
+    using = _alias()
+    quote = connections[using].ops.quote_name
+    marks = ", ".join(["%s"] * len(ids))
+    sql = (f"SELECT {quote('id')} FROM {quote(TaskRecord._meta.db_table)} "
+           f"WHERE {quote('id')} IN ({marks})")
+    return _claim_candidates(sql, [_prep("id", pk, using) for pk in ids], claimant, lease, now,
+                             held=True)
+
+
+def _claim_candidates(inner_sql: str, inner_params: Sequence[Any], claimant: Claimant,
+                      lease: float, now: datetime, *, held: bool = False) -> list[TaskClaim]:
+    """RUNNING for ``claimant``: the tasks ``inner_sql`` selects (their ids), in its order;
+    ``held``: in the caller's transaction, which holds them (no savepoint of its own)."""
+    using = _alias()
+    connection = connections[using]
+    expires = now + timedelta(seconds=lease)
+    token = uuid.uuid4()
+    worker_id = f"{claimant.host}:{claimant.pid}"
     quote = connection.ops.quote_name
     # the whole row comes back: the child runs the task from it without reading it again
     returned = sources.columns(TaskRecord, using)
@@ -230,7 +263,8 @@ def claim(
         candidate_params=inner_params,
         returning=f"{quote('id')}, {returned.sql}",
     )
-    with one_statement(using), connection.cursor() as cursor:
+    with (contextlib.nullcontext() if held else one_statement(using),
+          connection.cursor() as cursor):
         # in the candidates' order: priority, then the longest available (ties: the index's)
         rows = returned.values([row[1:] for row in engine_for(connection).claim(cursor, parts)])
     at = [returned.names.index(name) for name in ("id", "task_path", "attempts")]
@@ -515,6 +549,7 @@ def claim_limited(
     limits: dict[str, str],
     global_limit: str | None,
     exclude_queues: frozenset[str] = frozenset(),
+    keyed: bool = False,
 ) -> list[TaskClaim]:
     """Claim up to ``room`` tasks, respecting per-task and global start rates and priority.
 
@@ -522,15 +557,16 @@ def claim_limited(
     ``room`` unlimited tasks and, of each limited task, what its bucket allows; of those,
     the ``room`` first in claim order (priority, then age) are kept and the others given
     back at once, so a limited task of high priority is not starved by unlimited ones.
-    Buckets pay only for the tasks kept.
+    Buckets pay only for the tasks kept. ``keyed``: as ``claim``'s.
     """
     from . import ratelimit
 
     if room <= 0:
         return []
     if not limits and global_limit is None:
-        # one statement, no buckets to keep
-        return claim(queues, room, claimant, lease, exclude_queues=exclude_queues)
+        # one statement (keyed: one transaction), no buckets to keep
+        return claim(queues, room, claimant, lease, exclude_queues=exclude_queues,
+                     keyed=keyed)
     using = _alias()
     with transaction.atomic(using=using):
         overall = None
@@ -542,12 +578,12 @@ def claim_limited(
                 overall.consume(0)
             return []
         claims = claim(queues, room, claimant, lease, exclude_paths=tuple(limits),
-                       exclude_queues=exclude_queues)
+                       exclude_queues=exclude_queues, keyed=keyed)
         buckets = []
         for path, rate in limits.items():
             bucket = ratelimit.reserve(f"task:{path}", rate, room)
             claims += claim(queues, bucket.allowed, claimant, lease, only_path=path,
-                            exclude_queues=exclude_queues)
+                            exclude_queues=exclude_queues, keyed=keyed)
             buckets.append((path, bucket))
         claims.sort(key=_claim_order)
         claims, surplus = claims[:room], claims[room:]

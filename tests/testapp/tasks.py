@@ -327,3 +327,7 @@ def pausing_mark(label, seconds=0.0):
     time.sleep(seconds)
     Effect.objects.create(item_id=0, worker="pausing_mark", note=label, pid=os.getpid())
     return label
+
+
+if os.environ.get("DBWORKER_TEST_CONCURRENCY"):  # the supervisors of test_concurrency_keys
+    from . import concurrency_tasks  # noqa: F401

@@ -281,3 +281,17 @@ def _slow_rows():
 @worker(source=Slow, eligible=_slow_rows)
 def slow_eligible(row):
     raise AssertionError("slow_eligible's rows are never eligible")
+
+
+if os.environ.get("DBWORKER_TEST_CONCURRENCY"):  # the supervisors of test_concurrency_keys
+    @worker(source=Item, eligible=Item.objects.filter(kind="conc_rows"), concurrency=4,
+            concurrency_limit=2, concurrency_key="action", transactional=False)
+    def conc_rows(item):
+        """At most two at once per ``action``; writes when it started and ended (not
+        transactional: on SQLite a transactional handler holds the only write lock, so
+        they would run one at a time anyway)."""
+        start = time.time()
+        time.sleep(0.1)
+        Effect.objects.create(item_id=item.pk, worker="conc_rows", pid=os.getpid(),
+                              note=f"{item.action} {start!r} {time.time()!r}")
+        return Finished()

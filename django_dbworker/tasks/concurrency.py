@@ -1,0 +1,305 @@
+"""Per-key concurrency limits: at most N tasks with one concurrency key RUNNING at once, on
+every supervisor of every host (``@task(concurrency_limit=N, concurrency_key=...)``).
+
+Each task row carries its key and its limit (``TaskRecord.concurrency_key``,
+``concurrency_limit``). The plain claim (``store.claim``) never takes a keyed task. A keyed
+claim (``claim`` here), in one transaction:
+
+1. reads candidates in claim order (priority, then the longest available), keyed or not,
+   ``FOR UPDATE SKIP LOCKED``;
+2. locks the ``ConcurrencySlot`` row of each of their keys, ``FOR UPDATE SKIP LOCKED``: a
+   key another claim holds now is left for the next round (no waiting, so no deadlock
+   between claims, whatever order their keys come in);
+3. counts the RUNNING tasks of those keys (index ``dbworker_task_keyed_running``);
+4. takes the candidates in claim order: a keyless one always, a keyed one while fewer than
+   its own row's limit run with its key;
+5. when full keys left room unused, counts the RUNNING tasks of every key (a guess, read
+   without a lock: bounded by what runs everywhere) and reads the next candidates without
+   the rows that cannot fit (at most ``PAGES`` reads in all, each ``GROWTH`` times larger
+   than the one before), so full keys block neither
+   other keys nor plain tasks behind them;
+6. marks the chosen tasks RUNNING in one statement (``store.claim_ids``).
+
+A task becomes RUNNING only in a claim that holds its key's lock, and the count is read
+after the lock was taken (READ COMMITTED: a new snapshot per statement; SQLite: one writer
+at a time), so the count is exact. A task frees its place by leaving RUNNING: it finished,
+failed, was released (its child died), reaped (its lease expired) or given back.
+Tasks left behind stay READY and use no attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+from django.db.models import Count, F, Q
+from django.tasks.exceptions import InvalidTask
+from django.utils import timezone
+
+from .. import conf
+from ..exceptions import InvalidTaskArguments
+from ..models import ANY_QUEUE_GUARD, ConcurrencySlot, TaskRecord
+from ..rows.store import Claimant
+from . import registry
+
+if TYPE_CHECKING:
+    from .store import TaskClaim
+
+#: A limit is at most this (``TaskRecord.concurrency_limit`` is a database integer).
+MAX_LIMIT = 1_000_000
+#: ``ConcurrencySlot.key``'s max_length.
+MAX_KEY_LENGTH = 255
+#: Reads of candidates one keyed claim makes at most (the first, and the next ones past
+#: keys found full).
+PAGES = 4
+#: The first page reads ``GROWTH`` times the room left (at least ``FIRST_PAGE``), and each
+#: page after it ``GROWTH`` times more, up to ``MAX_PAGE``: tasks that do not fit cost a
+#: few more rows read, not another round of statements. (The rows are three small columns;
+#: those not taken are unlocked at the commit.)
+FIRST_PAGE = 32
+GROWTH = 4
+MAX_PAGE = 1000
+
+
+# ----- declaration and enqueue ------------------------------------------------------------
+
+
+def check_declaration(where: str, limit: Any, key: Any) -> None:
+    """``InvalidTask`` naming the value and the fix, for a bad ``concurrency_limit`` or
+    ``concurrency_key`` (declared with ``@task`` or given to ``.using()``)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or not 1 <= limit <= MAX_LIMIT):
+        raise InvalidTask(
+            f"{where}: concurrency_limit={limit!r} must be a whole number from 1 to "
+            f"{MAX_LIMIT:,} (how many tasks with one concurrency key may run at once); to "
+            "stop these tasks for a while, pause their queue instead.")
+    if key is None:
+        return
+    if limit is None:
+        raise InvalidTask(
+            f"{where}: concurrency_key={key!r} was given without concurrency_limit; give "
+            "both, e.g. @task(concurrency_limit=2, concurrency_key=...).")
+    if not callable(key):
+        check_key(where, key, "concurrency_key")
+
+
+def check_key(where: str, key: Any, what: str) -> None:
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH:
+        raise InvalidTask(
+            f"{where}: {what}={key!r} must be a non-empty string of at most "
+            f"{MAX_KEY_LENGTH} characters (or, in @task, a function of the call's "
+            "arguments returning one), e.g. f'account-{account_id}'.")
+
+
+def keys_of(task: Any, calls: Sequence[tuple[Any, Any]]) -> list[str]:
+    """The concurrency key of each call of a task with ``concurrency_limit``: its
+    ``concurrency_key`` (a string, or a function called with the call's arguments), else
+    the task's path. Raises ``InvalidTaskArguments`` naming the call whose function fails
+    or returns anything but a non-empty string of at most 255 characters."""
+    key = task.concurrency_key
+    if key is None:
+        return [task.module_path] * len(calls)
+    if not callable(key):
+        return [key] * len(calls)
+    found = []
+    for index, (args, kwargs) in enumerate(calls):
+        try:
+            value = key(*args, **kwargs)
+        except Exception as exc:
+            raise InvalidTaskArguments(
+                f"Task {task.name!r}: its concurrency_key function raised "
+                f"{type(exc).__name__}: {exc} for call {index} (args={args!r}, "
+                f"kwargs={kwargs!r}); make it accept every call of the task. Nothing was "
+                "enqueued.") from exc
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_KEY_LENGTH:
+            raise InvalidTaskArguments(
+                f"Task {task.name!r}: its concurrency_key function returned {value!r} for "
+                f"call {index}; it must return a non-empty string of at most "
+                f"{MAX_KEY_LENGTH} characters, e.g. f'account-{{account_id}}'. Nothing was "
+                "enqueued.")
+        found.append(value)
+    return found
+
+
+def ensure_slots(keys: Iterable[str], using: str) -> None:
+    """The ``ConcurrencySlot`` row of each key, made where it is missing (read first, so
+    an enqueue does not lock a slot that a claim may be holding; made in key order)."""
+    wanted = set(keys)
+    manager = ConcurrencySlot.objects.using(using)
+    missing = wanted - set(manager.filter(key__in=sorted(wanted)).values_list("key", flat=True))
+    if missing:
+        manager.bulk_create([ConcurrencySlot(key=k) for k in sorted(missing)],
+                            ignore_conflicts=True)
+
+
+def declared() -> bool:
+    """Whether a registered task has a concurrency limit: then claims take keyed tasks."""
+    return any(getattr(t, "concurrency_limit", None) for t in registry.known().values())
+
+
+# ----- the keyed claim --------------------------------------------------------------------
+
+
+def claim(
+    queues: list[str] | None,
+    limit: int,
+    claimant: Claimant,
+    lease: float,
+    *,
+    only_path: str | None = None,
+    exclude_paths: Sequence[str] = (),
+    exclude_queues: frozenset[str] = frozenset(),
+) -> list[TaskClaim]:
+    """Claim up to ``limit`` ready tasks, keyed or not, in claim order, no key beyond its
+    limit (the module's docstring says how); ``exclude_queues``: paused queues, for a
+    claim of every queue (``queues`` None)."""
+    from . import store
+
+    if limit <= 0:
+        return []
+    using = conf.get().DATABASE
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        paused = tuple(sorted(exclude_queues)) if queues is None else ()
+        chosen = _choose(using, now, queues, limit, only_path, tuple(exclude_paths), paused)
+        if not chosen:
+            return []
+        claims = store.claim_ids(chosen, claimant, lease, now)
+    position = {pk: i for i, pk in enumerate(chosen)}
+    return sorted(claims, key=lambda c: position[c.task_id])
+
+
+def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
+            only_path: str | None, exclude: tuple[str, ...],
+            paused: tuple[str, ...] = ()) -> list[Any]:
+    """The ids to claim, in claim order (the transaction holds their rows and the slots of
+    their keys)."""
+    chosen: list[Any] = []
+    # How many run of each key: exact for the keys whose slots this claim holds; after a
+    # first page that left room for want of places, a guess for every key that has a
+    # RUNNING task (read without a lock, bounded by the tasks running everywhere), so
+    # that the next pages do not even read what cannot fit.
+    running: dict[str, int] = {}
+    held: set[str] = set()
+    skipped: set[str] = set()  # slots another claim holds now: next round
+    for page_number in range(PAGES):
+        if page_number == 1:
+            running = _running(using, None) | {k: running[k] for k in held}
+        want = limit - len(chosen)
+        # Each page reads GROWTH times more: a full key's tasks may come in long runs (one
+        # enqueue_many stores its calls grouped by key).
+        size = min(max(want * GROWTH, FIRST_PAGE) * GROWTH ** page_number, MAX_PAGE)
+        page = _candidates(using, now, queues, only_path, exclude,
+                           _full(running, skipped), chosen, size, paused)
+        fresh = {key for _, key, _ in page if key is not None and key not in held
+                 and key not in skipped}
+        if fresh:
+            locked = lock_slots(using, sorted(fresh))
+            skipped |= fresh - locked
+            held |= locked
+            running.update(_running(using, locked))
+        for pk, key, key_limit in page:
+            if key is None:
+                chosen.append(pk)
+            elif key in held and running.get(key, 0) < (key_limit or 1):
+                running[key] = running.get(key, 0) + 1
+                chosen.append(pk)
+            if len(chosen) == limit:
+                return chosen
+        if len(page) < size:
+            break  # nothing more waits
+    return chosen
+
+
+def _full(running: dict[str, int], skipped: set[str]) -> Q | None:
+    """The waiting tasks that cannot start now: each row whose key runs at least its own
+    limit, and every row of a key whose slot another claim holds."""
+    by_count: dict[int, list[str]] = {}
+    for key, count in running.items():
+        if count > 0:
+            by_count.setdefault(count, []).append(key)
+    conditions = [Q(concurrency_key__in=sorted(keys), concurrency_limit__lte=count)
+                  for count, keys in sorted(by_count.items())]
+    if skipped:
+        conditions.append(Q(concurrency_key__in=sorted(skipped)))
+    if not conditions:
+        return None
+    full = conditions[0]
+    for condition in conditions[1:]:
+        full |= condition
+    return full
+
+
+def _candidates(using: str, now: Any, queues: list[str] | None, only_path: str | None,
+                exclude: tuple[str, ...], full: Q | None, chosen: list[Any],
+                size: int, paused: tuple[str, ...] = ()
+                ) -> list[tuple[Any, str | None, int | None]]:
+    """Up to ``size`` waiting tasks in claim order, locked (``SKIP LOCKED``), without the
+    ``full`` ones, those chosen already and those of ``paused`` queues: ``(id, key,
+    limit)`` each."""
+    connection = connections[using]
+    qs = TaskRecord.objects.using(using).ready(now)
+    # Every queue: the index of every queue's claims (its guard: models.ANY_QUEUE_GUARD).
+    qs = qs.filter(ANY_QUEUE_GUARD if queues is None else Q(queue_name__in=queues))
+    if paused:
+        qs = qs.exclude(queue_name__in=list(paused))
+    if only_path is not None:
+        qs = qs.filter(task_path=only_path)
+    if exclude:
+        qs = qs.exclude(task_path__in=list(exclude))
+    if full is not None:
+        qs = qs.exclude(full)  # a keyless row (NULL key) is never excluded
+    if chosen:
+        qs = qs.exclude(pk__in=chosen)
+    # The claim index's order (store.claim); ties in index order.
+    qs = qs.order_by(F("priority").desc(), "available_at")
+    if connection.features.has_select_for_update_skip_locked:
+        qs = qs.select_for_update(
+            skip_locked=True,
+            of=("self",) if connection.features.has_select_for_update_of else ())
+    return list(qs.values_list("id", "concurrency_key", "concurrency_limit")[:size])
+
+
+def lock_slots(using: str, keys: list[str]) -> set[str]:
+    """Lock the slots of ``keys`` that no other claim holds now; the keys locked. A slot
+    missing (deleted by hand) is made first."""
+    connection = connections[using]
+    manager = ConcurrencySlot.objects.using(using)
+
+    def lock() -> set[str]:
+        qs = manager.filter(key__in=keys).order_by("key")
+        if connection.features.has_select_for_update_skip_locked:
+            qs = qs.select_for_update(skip_locked=True)
+        return set(qs.values_list("key", flat=True))
+
+    held = lock()
+    if len(held) < len(keys):
+        # Skipped (another claim holds it) or missing: only a missing one is made.
+        absent = set(keys) - set(manager.filter(key__in=keys).values_list("key", flat=True))
+        if absent:
+            ensure_slots(absent, using)
+            held = lock()
+    return held
+
+
+def _running(using: str, keys: set[str] | None) -> dict[str, int]:
+    """How many tasks of each of ``keys`` run now (0 for none; None: of every key that has
+    one), through the index ``dbworker_task_keyed_running``."""
+    if keys is not None and not keys:
+        return {}
+    qs = TaskRecord.objects.using(using).running()
+    qs = (qs.filter(concurrency_key__isnull=False) if keys is None
+          else qs.filter(concurrency_key__in=sorted(keys)))
+    counted = (qs.values("concurrency_key").annotate(n=Count("id")).order_by()
+               .values_list("concurrency_key", "n"))
+    found = dict.fromkeys(keys or (), 0)
+    for key, n in counted:
+        found[str(key)] = n
+    return found
+
+
+def running_counts(keys: Iterable[str]) -> dict[str, int]:
+    """How many tasks of each key are RUNNING now (for people and tests)."""
+    return _running(conf.get().DATABASE, set(keys))
+
