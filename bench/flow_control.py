@@ -21,9 +21,11 @@ with ``enqueue_many`` as an application would, then times ``runworkers --burst
   the claim nothing.
 
 Figures: ``per_s`` = tasks / median wall time of the drain (start-up included);
-``vs_plain`` = per_s / plain's per_s of the same database; ``enqueue_per_s`` = tasks /
-median seconds of the ``enqueue_many`` call. Writes bench/results/flow_control.json and
-prints a Markdown table.
+``net_per_s`` = tasks / (that wall time - the median wall time of a burst run with nothing
+to do: Python/Django start-up and the children's fork); ``vs_plain`` and ``net_vs_plain``:
+each against plain's of the same database; ``enqueue_per_s`` = tasks / median seconds of
+the ``enqueue_many`` call (the unique kind enqueues a key per call, one at a time).
+Writes bench/results/flow_control.json and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -52,21 +54,25 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--backlog", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help="comma-separated, plain always included (default: all four)")
     parser.add_argument("--child", choices=benchlib.DATABASES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.kinds = ["plain", *(k for k in KINDS if k != "plain" and k in args.kinds.split(","))]
     if args.child:
         Path(args.out).write_text(json.dumps(measure_database(args.child, args)))
         return
     passed = [f"--tasks={args.tasks}", f"--runs={args.runs}", f"--backlog={args.backlog}",
-              f"--concurrency={args.concurrency}"]
-    results = benchlib.per_database(Path(__file__), benchlib.chosen(args.db), passed)
+              f"--concurrency={args.concurrency}", f"--kinds={','.join(args.kinds)}"]
+    results = list(benchlib.per_database(Path(__file__), benchlib.chosen(args.db),
+                                         passed).values())
     data = {"benchmark": "flow_control", "machine": benchlib.machine(),
             "config": {"tasks": args.tasks, "runs": args.runs, "backlog": args.backlog,
                        "concurrency": args.concurrency, "command": " ".join(
                            command(args.concurrency)[3:]), "tasks_by_kind": TASKS},
             "results": results}
-    path = benchlib.write_results("flow_control", data)
+    path = benchlib.write_results("flow_control.json", data)
     print(report(results))
     print(f"\nwritten to {path}")
 
@@ -80,11 +86,16 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
     with benchlib.scratch_database(db) as name:
         benchlib.setup_django(db, name)
         env = benchlib.environment(db, name)
-        walls: dict[str, list[float]] = {k: [] for k in KINDS}
-        enqueues: dict[str, list[float]] = {k: [] for k in KINDS}
+        kinds = args.kinds
+        walls: dict[str, list[float]] = {k: [] for k in kinds}
+        enqueues: dict[str, list[float]] = {k: [] for k in kinds}
         loads = []
+        empty = []  # runworkers --burst with nothing to do: start-up and exit
+        for _ in range(args.runs):
+            benchlib.load_tasks(TASKS["plain"], 0)
+            empty.append(throughput.drain(command(args.concurrency), env))
         for run in range(args.runs):
-            for kind in KINDS[run % len(KINDS):] + KINDS[:run % len(KINDS)]:
+            for kind in kinds[run % len(kinds):] + kinds[:run % len(kinds)]:
                 loads.append(round(os.getloadavg()[0], 2))
                 enqueue_s = fill(kind, args.tasks, args.backlog)
                 wall = throughput.drain(command(args.concurrency), env)
@@ -94,16 +105,23 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{db}: run {run + 1}: {kind}: {args.tasks} in {wall:.2f}s "
                       f"({args.tasks / wall:.0f}/s; enqueue {enqueue_s:.2f}s; load "
                       f"{loads[-1]})", file=sys.stderr, flush=True)
-        result: dict[str, Any] = {"db": db, "tasks": args.tasks, "loadavg_1m": loads}
-        for kind in KINDS:
+        idle = statistics.median(empty)
+        result: dict[str, Any] = {"db": db, "tasks": args.tasks, "loadavg_1m": loads,
+                                  "empty_burst_wall_s": [round(w, 3) for w in empty]}
+        for kind in kinds:
+            wall = statistics.median(walls[kind])
             result[kind] = {
                 "wall_s": [round(w, 3) for w in walls[kind]],
-                "per_s": round(args.tasks / statistics.median(walls[kind])),
+                "per_s": round(args.tasks / wall),
+                "net_per_s": round(args.tasks / (wall - idle)) if wall > idle else None,
                 "enqueue_s": [round(e, 3) for e in enqueues[kind]],
                 "enqueue_per_s": round(args.tasks / statistics.median(enqueues[kind])),
             }
-        for kind in KINDS:
+        for kind in kinds:
             result[kind]["vs_plain"] = round(result[kind]["per_s"] / result["plain"]["per_s"], 3)
+            net, plain_net = result[kind]["net_per_s"], result["plain"]["net_per_s"]
+            result[kind]["net_vs_plain"] = round(net / plain_net, 3) if net and plain_net \
+                else None
     return result
 
 
@@ -149,13 +167,15 @@ def check(kind: str, tasks: int, backlog: int) -> None:
 
 def report(results: list[dict[str, Any]]) -> str:
     headers = ["db", "kind", "tasks", "runs: wall s", "drained/s (median)", "vs plain",
-               "enqueue_many/s"]
+               "net drained/s", "net vs plain", "enqueue_many/s"]
     rows = []
     for r in results:
-        for kind in KINDS:
+        for kind in (k for k in KINDS if k in r):
             f = r[kind]
+            net = f["net_vs_plain"]
             rows.append([r["db"], kind, r["tasks"], ", ".join(f"{w:.2f}" for w in f["wall_s"]),
-                         f["per_s"], f"{f['vs_plain']:.0%}", f["enqueue_per_s"]])
+                         f["per_s"], f"{f['vs_plain']:.0%}", f["net_per_s"],
+                         f"{net:.0%}" if net else "", f["enqueue_per_s"]])
     return benchlib.markdown_table(headers, rows)
 
 

@@ -9,7 +9,8 @@ bulk-created and saved, as users write them, and the precreated reference; 3 run
 10,000 and a loop of enqueue()), ``latency.py`` (idle latency and idle cost) and
 ``claim_cost.py`` (claim cost at 1,000 and 1,000,000 finished rows) and, PostgreSQL only,
 ``table_health.py --jobs=50000`` (dead tuples and the claim's plan under churn; its
-1,000,000-job figures come from running it alone); then ``peers.py --runs=3 --budget=20
+1,000,000-job figures come from running it alone), ``flow_control.py`` (unique, keyed and
+paused-queue drains next to plain tasks, 3 runs of 6,000); then ``peers.py --runs=3 --budget=20
 --samples=30``
 (Celery + Redis, procrastinate, django-tasks-db, django-q2, Huey/SQLite, each in its own
 virtualenv under ``bench/.peers/``: 5,000 no-op jobs drained three times, the median as
@@ -51,6 +52,7 @@ SCRIPTS = {
     # 50,000 jobs of each kind (1-2 min: the plans and the claim cost; too short for
     # autovacuum's 60 s naptime to show): the large figures come from table_health.py alone
     "table_health": ["--jobs=50000", "--sample-every=25000"],
+    "flow_control": ["--runs=3", "--tasks=6000"],
 }
 QUICK = {
     "throughput": ["--runs=1", "--rows=1000"],
@@ -61,6 +63,7 @@ QUICK = {
     "peers": ["--quick"],
     "table_health": ["--jobs=5000", "--sample-every=2500", "--waiting=2000",
                      "--enqueue-batch=2000"],
+    "flow_control": ["--runs=1", "--tasks=1000", "--backlog=2000"],
 }
 
 
@@ -218,6 +221,7 @@ def summary(found: dict[str, Any]) -> str:
                      f"{ratio['statement_ratio']}x (statement)", "", "", "<= 1.5x"])
     if "table_health" in found:
         rows += table_health_rows(found["table_health"])
+    rows += flow_control_rows(found.get("flow_control"))
     rows += peer_rows(peers, throughput)
     return benchlib.markdown_table(["db", "what", "figure", "compared", "vs peers (same run)",
                                     "target"], rows)
@@ -225,6 +229,29 @@ def summary(found: dict[str, Any]) -> str:
 
 #: Issue 18: MariaDB drains rows and tasks at half PostgreSQL's rate of the same run or more.
 MARIADB_TARGET = ">= 50% of PostgreSQL (same run)"
+
+
+#: Issue 19: what each flow-control mechanism costs the drain, against plain tasks.
+FLOW_KINDS = {
+    "unique": ("tasks with a unique key each (@task(unique_key=...))", ">= 70% of plain"),
+    "keyed": ("tasks over 50 concurrency keys, limit 2 (@task(concurrency_limit=...))",
+              ">= 70% of plain"),
+    "paused": ("plain tasks beside a paused queue holding 10,000 older ones",
+               "~100% of plain"),
+}
+
+
+def flow_control_rows(flow: dict[str, Any] | None) -> list[list[Any]]:
+    rows: list[list[Any]] = []
+    for r in (flow or {}).get("results", []):
+        plain = r["plain"]["per_s"]
+        for kind, (label, target) in FLOW_KINDS.items():
+            f = r[kind]
+            rows.append([r["db"], f"flow control: {label}, --concurrency 2",
+                         f"{f['per_s']:,}/s (net {f['net_per_s']:,}/s)",
+                         f"{f['vs_plain']:.0%} of plain tasks ({plain:,}/s), net "
+                         f"{f['net_vs_plain']:.0%}", "", target])
+    return rows
 
 
 def row_feed_rows(feeds: dict[str, Any] | None) -> list[list[Any]]:
