@@ -402,3 +402,22 @@ def test_one_task_from_8_threads_and_2_processes_at_once(holder, on_duplicate):
     assert waiting.count() == 1 and str(waiting.get().pk) == ids[0]
     assert TaskRecord.objects.count() == (2 if holder == "finished" else 1)
     assert str(TaskUniqueness.objects.get().task_id) == ids[0]
+
+
+def test_a_unique_task_with_a_concurrency_limit_keeps_both():
+    from django_dbworker.models import ConcurrencySlot
+    from django_dbworker.rows.store import Claimant
+    from django_dbworker.tasks import store as taskstore
+
+    first = tasks.unique_and_limited.enqueue("a", 1)
+    again = tasks.unique_and_limited.enqueue("a", 1)
+    other = tasks.unique_and_limited.enqueue("a", 2)
+    assert again.id == first.id and other.id != first.id
+    rows = {str(r.id): r for r in TaskRecord.objects.all()}
+    assert len(rows) == 2
+    assert {(r.unique_key, r.concurrency_key, r.concurrency_limit) for r in rows.values()} \
+        == {("sync:a:1", "account:a", 1), ("sync:a:2", "account:a", 1)}
+    assert ConcurrencySlot.objects.filter(key="account:a").exists()
+    # One account, limit 1: one of the two is claimed, the other waits.
+    claimed = taskstore.claim(None, 10, Claimant(), 30, keyed=True)
+    assert len(claimed) == 1

@@ -183,12 +183,22 @@ def enqueue(backend: DBWorkerBackend, task: DBWorkerTask,
     start = None
     if task.unique_for is not None:
         start = period_start(shared.enqueued_at, period_seconds("", task.unique_for))
-    by_key = {k: replace(shared, unique_key=k) for k in dict.fromkeys(keys)}
-    rows = [newtasks.NewTask(r.id, r.args, r.kwargs, by_key[k]) for r, k in zip(
-        rows, keys, strict=True)]
+    # A task with a concurrency limit too: each row carries its concurrency key and limit
+    # (tasks.concurrency), and the keys' slots are made with the rows.
+    slots: list[str | None] = [None] * len(rows)
+    if task.concurrency_limit is not None:
+        from . import concurrency
+
+        slots = list(concurrency.keys_of(task, [(r.args, r.kwargs) for r in rows]))
+    by_key = {(k, c): replace(shared, unique_key=k, concurrency_key=c,
+                              concurrency_limit=task.concurrency_limit if c else None)
+              for k, c in dict.fromkeys(zip(keys, slots, strict=True))}
+    rows = [newtasks.NewTask(r.id, r.args, r.kwargs, by_key[(k, c)]) for r, k, c in zip(
+        rows, keys, slots, strict=True)]
     holding = (HOLDING["active"] if start is not None else HOLDING[task.unique_while])
     plan = Plan(rows, [digest(shared.task_path, k, start) for k in keys], start, holding,
-                task.on_duplicate == "replace", shared.idempotency_key)
+                task.on_duplicate == "replace", shared.idempotency_key,
+                sorted({c for c in slots if c is not None}))
     stored = _retried(plan.store)
     results = [backend.result(row, task) for row, _ in stored]
     send_enqueued(type(backend), [r for r, (_, new) in zip(results, stored, strict=True)
@@ -222,8 +232,10 @@ class Plan:
 
     def __init__(self, rows: list[newtasks.NewTask], digests: list[str],
                  start: datetime | None, holding: tuple[str, ...], replace: bool,
-                 idempotency_key: str | None) -> None:
+                 idempotency_key: str | None, slots: Sequence[str] = ()) -> None:
         self.rows = rows
+        #: Concurrency keys of the rows, whose slots are made with them.
+        self.slots = slots
         self.digests = digests
         self.start = start
         self.holding = holding
@@ -242,6 +254,10 @@ class Plan:
                     if found is not None:
                         return [(found, False)]
                 self._lock(using)
+                if self.slots:
+                    from .concurrency import ensure_slots
+
+                    ensure_slots(self.slots, using)
                 out = [self._one(row, d, using) for row, d in zip(
                     self.rows, self.digests, strict=True)]
                 if any(new for _, new in out):

@@ -331,3 +331,10 @@ def pausing_mark(label, seconds=0.0):
 
 if os.environ.get("DBWORKER_TEST_CONCURRENCY"):  # the supervisors of test_concurrency_keys
     from . import concurrency_tasks  # noqa: F401
+
+
+@task(unique_key=lambda account, n: f"sync:{account}:{n}", concurrency_limit=1,
+      concurrency_key=lambda account, n: f"account:{account}")
+def unique_and_limited(account, n):
+    """test_uniqueness: unique per call and one running per account."""
+    return n
