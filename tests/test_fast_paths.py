@@ -443,6 +443,10 @@ def test_task_claims_walk_an_index_without_sorting(vendor, queues, indexes):
             assert any(f"{index} " in plan for index in indexes), plan
             assert "Sort" not in plan, plan
         elif vendor == "mysql":  # the flag-led index (db.partial), in order, no filesort
+            if queues is not None:
+                # No partial index there, so no guard: either flag-led index gives the
+                # order, and MariaDB picks either (it took each in runs of the suite).
+                indexes = ("dbworker_task_claimable", "dbworker_task_claimable_any")
             cursor.execute(f"EXPLAIN {sql}")
             names = [c[0].lower() for c in cursor.description]
             rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
