@@ -286,9 +286,9 @@ class DBWorkerBackend(BaseTaskBackend):
     def _enqueue_keyed(self, task: DBWorkerTask, shared: Any, ids: list[str],
                        calls: list[Any], key: str | None,
                        on_commit: bool) -> list[DBWorkerTaskResult]:
-        """``enqueue_many`` of a task with a concurrency limit: the calls grouped by their
-        concurrency key (a statement per key and batch), the results in call order, the
-        keys' slots made first (``tasks.concurrency``)."""
+        """``enqueue_many`` of a task with a concurrency limit: each row with its
+        concurrency key, stored in call order (a statement per batch: the key is a per-row
+        value of the insert), the keys' slots made first (``tasks.concurrency``)."""
         from .tasks import concurrency
         from .tasks import enqueue as newtasks
         from .tasks import store as taskstore
@@ -314,8 +314,8 @@ class DBWorkerBackend(BaseTaskBackend):
             if key is not None:
                 return taskstore.insert(rows, idempotency_key=key)
             taskstore.insert_batches(
-                (group[start:start + newtasks.BATCH], None)
-                for group in groups.values() for start in range(0, len(group), newtasks.BATCH))
+                (rows[start:start + newtasks.BATCH], None)
+                for start in range(0, len(rows), newtasks.BATCH))
             return list(rows)
 
         if on_commit:

@@ -344,23 +344,27 @@ def test_the_keyed_claim_walks_the_claim_index_and_counts_through_the_keyed_inde
     counts_sql = [s for s in sqls if "COUNT(" in s.upper()]
     assert counts_sql, sqls
     with connection.cursor() as cursor:
-        for sql, index, sorted_ok in ((candidates, "dbworker_task_claimable_any", False),
-                                      (counts_sql[0], "dbworker_task_keyed_running", True)):
+        # The count may read either index of the RUNNING tasks (both hold those only:
+        # its cost follows what runs); the planner takes one or the other by statistics.
+        for sql, indexes, sorted_ok in (
+                (candidates, ("dbworker_task_claimable_any",), False),
+                (counts_sql[0], ("dbworker_task_keyed_running", "dbworker_task_running"),
+                 True)):
             if vendor == "postgresql":
                 cursor.execute(f"EXPLAIN {sql}")
                 plan = "\n".join(row[0] for row in cursor.fetchall())
-                assert f"{index} " in plan, plan
+                assert any(f"{index} " in plan for index in indexes), plan
                 assert sorted_ok or "Sort" not in plan, plan
             elif vendor == "mysql":
                 cursor.execute(f"EXPLAIN {sql}")
                 names = [c[0].lower() for c in cursor.description]
                 rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-                assert rows[0]["key"] == index, rows
+                assert rows[0]["key"] in indexes, rows
                 assert sorted_ok or "filesort" not in (rows[0]["extra"] or ""), rows
             else:
                 cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
                 plan = "\n".join(row[-1] for row in cursor.fetchall())
-                assert f"INDEX {index}" in plan, plan
+                assert any(f"INDEX {index}" in plan for index in indexes), plan
                 assert sorted_ok or "TEMP B-TREE" not in plan, plan
 
 

@@ -36,6 +36,10 @@ from ..models import TaskRecord, TaskStatus
 BATCH = 1000
 #: The columns that differ between the rows of one enqueue call.
 PER_ROW = ("id", "args", "kwargs")
+#: The same for a task with a concurrency limit: each row's concurrency key too, so that
+#: the rows of one call are stored in call order whatever their keys (claim order follows
+#: insert order between rows enqueued at the same instant).
+PER_ROW_KEYED = (*PER_ROW, "concurrency_key")
 #: A keyed task's id is uuid5(KEY_NAMESPACE, key).
 KEY_NAMESPACE = uuid.UUID("5d1c2f7e-3b0a-4c7e-9a51-6f0d8b9e2c41")
 #: Task arguments as stored: JSON without NaN or infinities.
@@ -235,20 +239,25 @@ def first_poison(rows: list[NewTask], payload: str,
 
 
 def insert(rows: list[NewTask], using: str, payload: str | None = None) -> None:
-    """Store ``rows`` (all of one ``Shared``) in one statement; the caller's transaction.
-    ``payload``: ``encode(rows)`` if the caller has it."""
+    """Store ``rows`` (all of one ``Shared``, but for their concurrency keys) in one
+    statement; the caller's transaction. ``payload``: ``encode(rows)`` if the caller has it
+    (for rows without a concurrency limit)."""
     if not rows:
         return
     connection = connections[using]
-    statement = _statement(connection)
+    keyed = rows[0].shared.concurrency_limit is not None
+    statement = _statement(connection, keyed)
     params = statement.shared_params(rows[0].shared, connection)
     if statement.json_rows:
+        if keyed:
+            payload = _JSON.encode([[r.id, r.args, r.kwargs, r.shared.concurrency_key]
+                                    for r in rows])
         params.append(encode(rows) if payload is None else payload)
         with connection.cursor() as cursor:
             cursor.execute(statement.sql, params)
         return
     # One row of parameters per row: the shared values with the row's own in their slots.
-    slot_id, slot_args, slot_kwargs = statement.slots
+    slot_id, slot_args, slot_kwargs, *slot_key = statement.slots
     native = connection.features.has_native_uuid_field
     encoder = _JSON.encode
 
@@ -257,6 +266,8 @@ def insert(rows: list[NewTask], using: str, payload: str | None = None) -> None:
         # UUIDField keeps 32 hex digits where the database has no uuid type
         values[slot_id] = row.id if native else row.id.replace("-", "")
         values[slot_args], values[slot_kwargs] = encoder(row.args), encoder(row.kwargs)
+        for slot in slot_key:
+            values[slot] = row.shared.concurrency_key
         return values
 
     with connection.cursor() as cursor:
@@ -279,8 +290,9 @@ class _Statement:
     template: list[Any]
     #: (place in ``template``, field) for each value taken from the call's ``Shared``.
     from_call: list[tuple[int, Any]]
-    #: Places of id, args, kwargs in a row's parameters (not with ``json_rows``).
-    slots: tuple[int, int, int]
+    #: Places of id, args, kwargs (and concurrency_key, keyed) in a row's parameters (not
+    #: with ``json_rows``).
+    slots: tuple[int, ...]
     #: The per-row values go as one JSON parameter (``Engine.json_rows_insert``).
     json_rows: bool
 
@@ -291,42 +303,43 @@ class _Statement:
         return params
 
 
-_STATEMENTS: dict[tuple[str, str], _Statement] = {}
+_STATEMENTS: dict[tuple[str, str, bool], _Statement] = {}
 _SHARED_FIELDS = frozenset(f.name for f in fields(Shared))
 
 
-def _statement(connection: Any) -> _Statement:
-    key = (connection.alias, connection.settings_dict["ENGINE"])
+def _statement(connection: Any, keyed: bool = False) -> _Statement:
+    key = (connection.alias, connection.settings_dict["ENGINE"], keyed)
     found = _STATEMENTS.get(key)
     if found is None:
-        found = _STATEMENTS[key] = _make_statement(connection)
+        found = _STATEMENTS[key] = _make_statement(connection, keyed)
     return found
 
 
-def _make_statement(connection: Any) -> _Statement:
+def _make_statement(connection: Any, keyed: bool = False) -> _Statement:
     columns = TaskRecord._meta.concrete_fields
     quote = connection.ops.quote_name
     head = (f"INSERT INTO {quote(TaskRecord._meta.db_table)} "
             f"({', '.join(quote(f.column) for f in columns)})")
-    # The per-row values travel as one JSON array of [id, args, kwargs] where the engine
-    # can take them so (one string parameter, cheap to send); the parameters are then the
-    # shared columns only, elsewhere every column.
-    per_row = {"id": 0, "args": 1, "kwargs": 2}
+    # The per-row values travel as one JSON array of [id, args, kwargs(, key)] where the
+    # engine can take them so (one string parameter, cheap to send); the parameters are
+    # then the shared columns only, elsewhere every column.
+    own = PER_ROW_KEYED if keyed else PER_ROW
+    per_row = {name: place for place, name in enumerate(own)}
     json_sql = engine_for(connection).json_rows_insert(head, columns, per_row, connection)
-    listed = ([f for f in columns if f.name not in PER_ROW] if json_sql is not None
+    listed = ([f for f in columns if f.name not in own] if json_sql is not None
               else list(columns))
     template: list[Any] = []
     from_call = []
     for place, f in enumerate(listed):
-        if f.name in _SHARED_FIELDS:
-            from_call.append((place, f))
+        if f.name in own:
             template.append(None)
-        elif f.name in PER_ROW:
+        elif f.name in _SHARED_FIELDS:
+            from_call.append((place, f))
             template.append(None)
         else:
             value = FRESH[f.name] if f.name in FRESH else f.get_default()
             template.append(f.get_db_prep_save(value, connection))
     names = [f.name for f in columns]
-    slots = (names.index("id"), names.index("args"), names.index("kwargs"))
+    slots = tuple(names.index(name) for name in own)
     sql = json_sql or f"{head} VALUES ({', '.join(['%s'] * len(columns))})"
     return _Statement(sql, template, from_call, slots, json_sql is not None)
