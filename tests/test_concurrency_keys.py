@@ -282,6 +282,18 @@ def test_a_key_function_that_fails_or_returns_no_string_names_the_call():
     assert not TaskRecord.objects.exists() and not ConcurrencySlot.objects.exists()
 
 
+@pytest_db
+def test_a_key_with_a_nul_character_is_refused_by_name_on_every_database():
+    bad = ct.conc_account.using()
+    object.__setattr__(bad, "concurrency_key", lambda account, n, **kw: f"a\x00{account}")
+    with pytest.raises(InvalidTaskArguments, match=r"returned 'a\\x00x' for call 0.*without "
+                                                   "NUL.*Nothing was enqueued"):
+        bad.enqueue_many([(("x", 1), {}), (("y", 2), {})])
+    with pytest.raises(InvalidTask, match=r"concurrency_key='k\\x00' must be .*without NUL"):
+        ct.conc_account.using(concurrency_key="k\x00").enqueue(1, 1)
+    assert not TaskRecord.objects.exists() and not ConcurrencySlot.objects.exists()
+
+
 # ----- two supervisors ----------------------------------------------------------------------
 
 

@@ -84,12 +84,18 @@ def check_declaration(where: str, limit: Any, key: Any) -> None:
         check_key(where, key, "concurrency_key")
 
 
+def _bad_key(key: Any) -> bool:
+    """Not a non-empty string of at most ``MAX_KEY_LENGTH`` characters without NUL (which
+    PostgreSQL cannot store)."""
+    return not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH or "\x00" in key
+
+
 def check_key(where: str, key: Any, what: str) -> None:
-    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH:
+    if _bad_key(key):
         raise InvalidTask(
             f"{where}: {what}={key!r} must be a non-empty string of at most "
-            f"{MAX_KEY_LENGTH} characters (or, in @task, a function of the call's "
-            "arguments returning one), e.g. f'account-{account_id}'.")
+            f"{MAX_KEY_LENGTH} characters without NUL (or, in @task, a function of the "
+            "call's arguments returning one), e.g. f'account-{account_id}'.")
 
 
 def keys_of(task: Any, calls: Sequence[tuple[Any, Any]]) -> list[str]:
@@ -112,12 +118,12 @@ def keys_of(task: Any, calls: Sequence[tuple[Any, Any]]) -> list[str]:
                 f"{type(exc).__name__}: {exc} for call {index} (args={args!r}, "
                 f"kwargs={kwargs!r}); make it accept every call of the task. Nothing was "
                 "enqueued.") from exc
-        if not isinstance(value, str) or not 0 < len(value) <= MAX_KEY_LENGTH:
+        if _bad_key(value):
             raise InvalidTaskArguments(
                 f"Task {task.name!r}: its concurrency_key function returned {value!r} for "
                 f"call {index}; it must return a non-empty string of at most "
-                f"{MAX_KEY_LENGTH} characters, e.g. f'account-{{account_id}}'. Nothing was "
-                "enqueued.")
+                f"{MAX_KEY_LENGTH} characters without NUL, e.g. f'account-{{account_id}}'. "
+                "Nothing was enqueued.")
         found.append(value)
     return found
 
