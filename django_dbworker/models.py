@@ -268,6 +268,9 @@ class TaskStatus(models.TextChoices):
     """Our status of an enqueued task; ``django_status`` maps it to Django's four."""
 
     READY = "READY", "ready"
+    #: Waits for its dependencies (``.using(after=...)``, docs/workflows.md): no claim
+    #: sees it (it is in no claim index) until the last one is met (Django sees READY).
+    WAITING = "WAITING", "waiting"
     RUNNING = "RUNNING", "running"
     #: Failed an attempt and waits for the next one (Django sees READY).
     RETRYING = "RETRYING", "retrying"
@@ -357,6 +360,13 @@ class TaskRecord(models.Model):
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
     #: Times the task asked to run later (``Snooze``) without using an attempt.
     snoozes = models.PositiveIntegerField(default=0)
+    #: Workflows (docs/workflows.md). The workflow (or ``enqueue_many`` batch) the task
+    #: belongs to, if any (``Workflow.id``; no foreign key, like every id here).
+    workflow_id = models.UUIDField(null=True, blank=True)
+    #: How many of its dependencies (``TaskDependency``) are not met yet; WAITING until 0.
+    waiting_for = models.PositiveIntegerField(default=0)
+    #: Whether some task waits for this one: only then does its end look for dependents.
+    has_dependents = models.BooleanField(default=False)
     token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     supervisor_id = models.UUIDField(null=True, blank=True)
@@ -405,6 +415,8 @@ class TaskRecord(models.Model):
                 condition=Q(status=TaskStatus.RUNNING),
                 flag="dbworker_running",
             ),
+            # A workflow's members (progress counts, cancel, the admin page).
+            models.Index(fields=["workflow_id"], name="dbworker_task_workflow"),
             PartialIndex(
                 fields=["finished_at"],
                 name="dbworker_task_finished",
@@ -476,6 +488,87 @@ def _parsed(text: str) -> datetime | str:
         return parse_datetime(text) or text
     except ValueError:
         return text
+
+
+class DependencyCondition(models.TextChoices):
+    """When a dependency is met."""
+
+    #: The dependency ended SUCCESSFUL (the default); FAILED or CANCELLED breaks it.
+    SUCCEEDED = "succeeded", "succeeded"
+    #: The dependency ended, whatever its status (``run_on_failure``; completion callbacks).
+    ENDED = "ended", "ended"
+
+
+class DependencyState(models.TextChoices):
+    WAITING = "waiting", "waiting"
+    MET = "met", "met"
+    #: The dependency ended FAILED or CANCELLED (or its row FAILED) and the condition was
+    #: ``succeeded``: the dependent ends CANCELLED, naming it.
+    BROKEN = "broken", "broken"
+
+
+class TaskDependency(models.Model):
+    """One edge of a workflow: ``dependent_id`` (a task) waits for a task
+    (``dependency_id``) or for a row worker's execution of one source row (``row_worker``
+    and ``row_source_id``). Each edge is resolved once (``state`` leaves WAITING by a
+    conditional UPDATE), and only that resolution lowers the dependent's ``waiting_for``:
+    the dependent is released, or cancelled, exactly once however many supervisors end
+    its dependencies at the same instant. No foreign keys (retention deletes tasks in
+    batches; an edge whose dependency is pruned keeps its state)."""
+
+    id = models.BigAutoField(primary_key=True)
+    dependent_id = models.UUIDField()
+    #: Its place among the dependent's dependencies (the order of ``after=[...]``), which
+    #: is the order their results are passed in.
+    position = models.PositiveIntegerField(default=0)
+    dependency_id = models.UUIDField(null=True, blank=True)
+    row_worker = models.CharField(max_length=100, blank=True, default="")
+    row_source_id = KeyField(max_length=255, null=True, blank=True)
+    condition = models.CharField(max_length=16, choices=DependencyCondition.choices,
+                                 default=DependencyCondition.SUCCEEDED)
+    state = models.CharField(max_length=16, choices=DependencyState.choices,
+                             default=DependencyState.WAITING)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "task dependency"
+        verbose_name_plural = "task dependencies"
+        constraints = [
+            models.UniqueConstraint(fields=["dependent_id", "position"],
+                                    name="dbworker_dependency_position"),
+        ]
+        indexes = [
+            # What waits for a task that just ended.
+            models.Index(fields=["dependency_id"], name="dbworker_dependency_of_task"),
+            # What waits for a row worker's execution of a row.
+            models.Index(fields=["row_worker", "row_source_id"], name="dbworker_dependency_of_row"),
+            # The edges on rows still waiting (state first: "waiting" and row_worker > '').
+            models.Index(fields=["state", "row_worker"], name="dbworker_dependency_waiting"),
+        ]
+
+    def __str__(self) -> str:
+        on = (f"task {self.dependency_id}" if self.dependency_id is not None
+              else f"{self.row_worker}[{self.row_source_id}]")
+        return f"{self.dependent_id} after {on} ({self.condition}): {self.state}"
+
+
+class Workflow(models.Model):
+    """A group of tasks enqueued together (a workflow built with ``chain``/``group``/...,
+    or an ``enqueue_many`` batch): its members are the tasks whose ``workflow_id`` is its
+    id. Progress is counted from them; ``callback_id`` is the completion callback, a task
+    that waits for every member to end (condition ``ended``), so it runs once."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    name = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    callback_id = models.UUIDField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name or 'workflow'} {self.id}"
 
 
 class RateBucket(models.Model):
