@@ -310,3 +310,17 @@ def test_burst_exits_zero_when_nothing_is_claimable(runworkers):
     rw = runworkers("--burst")
     assert rw.wait(30) == 0, rw.output()
     assert not Effect.objects.exists()
+
+
+@pytest.mark.processes
+def test_runworkers_says_at_start_what_it_serves(runworkers):
+    """At the default verbosity a person sees which workers, queues and database a
+    supervisor serves, before any unit runs (it printed nothing until the first count)."""
+    from django.db import connection
+
+    p = runworkers("--burst", "--concurrency", "1", "--worker", "touch")
+    assert p.wait() == 0, p.output()
+    first = p.output().splitlines()[0]
+    assert first.startswith("runworkers: 1 child process(es) on database 'default' "
+                            f"({connection.vendor}); workers: touch; task queues: none"), first
+    assert "(--burst: stops when nothing is left)" in first

@@ -34,6 +34,13 @@ class Progress:
         detail = f": {', '.join(shown)}" if shown else ""
         return f"{self.done} units{detail} | {self.done / elapsed:.1f}/s"
 
+    def announce(self, text: str) -> None:
+        """One line for people (the start-up line), on its own line even on a terminal."""
+        if self.stream is None:
+            return
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
     def show(self, force: bool = False) -> None:
         if self.stream is None:
             return

@@ -129,6 +129,18 @@ class Supervisor:
 
     # ----- life cycle ---------------------------------------------------------------
 
+    def _started_line(self) -> str:
+        """What this supervisor serves, for people (verbosity 1 and up, text logs)."""
+        workers = ", ".join(w.name for w in self.options.workers) or "none"
+        if self.tasks is None:
+            queues = "none"
+        else:
+            queues = ", ".join(self.options.queues) if self.options.queues else "all"
+        vendor = connections[self.using].vendor
+        mode = " (--burst: stops when nothing is left)" if self.options.burst else ""
+        return (f"runworkers: {self.options.concurrency} child process(es) on database "
+                f"{self.using!r} ({vendor}); workers: {workers}; task queues: {queues}{mode}")
+
     def run(self) -> int:
         own_process(self.using)
         self._install_signals()
@@ -138,6 +150,7 @@ class Supervisor:
                   host=self.claimant.host, pid=self.claimant.pid, workers=names,
                   tasks=",".join(self.options.queues or ["*"]) if self.tasks else "",
                   concurrency=self.options.concurrency, burst=self.options.burst)
+        self.progress.announce(self._started_line())
         for slot in range(self.options.concurrency):
             self.children.append(self._start_child(slot))
         self.renewer.start()
