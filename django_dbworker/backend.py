@@ -7,7 +7,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from inspect import isclass
+from inspect import isclass, iscoroutinefunction
 from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+from django.tasks.base import DEFAULT_TASK_PRIORITY, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
@@ -168,6 +168,20 @@ class DBWorkerBackend(BaseTaskBackend):
         where = f"Task {getattr(task.func, '__qualname__', task.func)!r}"
         if not is_module_level_function(task.func):
             raise InvalidTask(f"{where}: task functions must be defined at module level.")
+        # The backend's supports_* flags, which Django's own validate_task enforces: a
+        # subclass that turns one off gets the refusal too.
+        if not self.supports_async_task and iscoroutinefunction(task.func):
+            raise InvalidTask(f"{where} is a coroutine function, and task backend "
+                              f"{self.alias!r} does not support async tasks "
+                              "(supports_async_task is False).")
+        if not self.supports_priority and task.priority != DEFAULT_TASK_PRIORITY:
+            raise InvalidTask(f"{where}: priority={task.priority!r} was given, and task "
+                              f"backend {self.alias!r} does not support priorities "
+                              "(supports_priority is False).")
+        if not self.supports_defer and task.run_after is not None:
+            raise InvalidTask(f"{where}: run_after was given, and task backend "
+                              f"{self.alias!r} does not support run_after "
+                              "(supports_defer is False).")
         args = get_func_args(task.func)
         if task.takes_context and (not args or args[0] != "context"):
             raise InvalidTask(f"{where} takes context but its first argument is not 'context'.")

@@ -527,3 +527,21 @@ def test_aenqueue_and_aget_result():
 
     async_to_sync(refresh)()
     assert result.return_value == 9
+
+
+@pytest.mark.parametrize(("flag", "how", "message"), [
+    ("supports_async_task", lambda: tasks.async_add, "does not support async tasks"),
+    ("supports_priority", lambda: tasks.add.using(priority=5), "does not support priorities"),
+    ("supports_defer", lambda: tasks.add.using(run_after=timedelta(seconds=5)),
+     "does not support run_after"),
+])
+def test_a_subclass_that_turns_a_supports_flag_off_is_refused_that_feature(flag, how, message):
+    """Django's own base checks enforce the supports_* flags; ours must too (Django's test
+    test_validate_disallowed_async_task patches one off and expects InvalidTask)."""
+    from django_dbworker.backend import DBWorkerBackend
+
+    narrower = type("Narrower", (DBWorkerBackend,), {flag: False})("narrow", {
+        "QUEUES": [], "OPTIONS": {}})
+    with pytest.raises(InvalidTask, match=f"'narrow' {message}.*{flag} is False"):
+        narrower.validate_task(how())
+    DBWorkerBackend("wide", {"QUEUES": [], "OPTIONS": {}}).validate_task(how())
