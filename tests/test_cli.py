@@ -59,15 +59,32 @@ def test_stats_json_and_table(work):
     assert [w["name"] for w in only["workers"]] == ["touch"] and only["queues"] == []
 
 
-def test_failed_lists_executions_and_tasks(work):
-    doc = run_json("failed")
+def test_dead_lists_executions_and_tasks_failed_for_good(work):
+    doc = run_json("dead")
     assert [e["id"] for e in doc["executions"]] == [work["failed"].pk]
     assert [t["id"] for t in doc["tasks"]] == [str(work["failing"].id)]
     assert doc["executions"][0]["errors"][0]["exception_class"] == "builtins.ValueError"
-    text = run("failed", "--tracebacks")
+    text = run("dead", "--tracebacks")
     assert "Traceback (most recent call last)" in text
-    assert "1 failed execution(s), 1 failed task(s)." in text
-    assert run_json("failed", "--queue", "emails")["tasks"] == []
+    assert "1 execution(s) and 1 task(s) failed for good." in text
+    assert run_json("dead", "--queue", "emails")["tasks"] == []
+
+
+def test_failed_lists_what_failed_an_attempt_and_will_be_tried_again(work):
+    """The task vocabulary: ``failed`` is what will be retried (RETRYING, or given back
+    after a crash), ``dead`` what used its retries up; neither lists the other's."""
+    later = tasks.slow_retry.enqueue()  # fails once, retried in an hour
+    crashed = tasks.add.enqueue(2, 2)
+    run_until_idle()
+    TaskRecord.objects.filter(pk=crashed.id).update(status=TaskStatus.READY, crashes=1)
+    doc = run_json("failed")
+    assert {t["id"] for t in doc["tasks"]} == {str(later.id), str(crashed.id)}
+    assert doc["executions"] == [] and doc["counts"] == {"executions": 0, "tasks": 2}
+    assert doc["tasks"][0]["id"] == str(crashed.id)  # the next try first
+    assert str(later.id) not in {t["id"] for t in run_json("dead")["tasks"]}
+    text = run("failed")
+    assert "next try" in text and "0 execution(s) and 2 task(s) to be tried again." in text
+    assert str(work["failing"].id) not in text
 
 
 def test_inspect_units_and_overview(work):
@@ -145,17 +162,24 @@ def test_cancel_purge_and_prune(work):
     assert run_json("prune", "--yes")["changed"] == 0
 
 
-def test_dead_supervisors_and_what_they_held(work):
+def test_supervisors_and_the_dead_ones_with_what_they_held(work):
     now = timezone.now()
     Supervisor.objects.create(
         id=uuid.uuid4(), host="gone", pid=9, started_at=now, last_heartbeat=now,
         heartbeat_expires_at=now - timezone.timedelta(seconds=5), concurrency=1,
         running=[{"worker": "touch", "execution": work["failed"].pk, "source": "1",
                   "attempt": 1, "child": 10, "since": now.isoformat()}])
-    doc = run_json("dead")
+    Supervisor.objects.create(
+        id=uuid.uuid4(), host="here", pid=8, started_at=now, last_heartbeat=now,
+        heartbeat_expires_at=now + timezone.timedelta(seconds=30), concurrency=2)
+    doc = run_json("supervisors", "--dead")
     assert [s["host"] for s in doc["supervisors"]] == ["gone"]
     assert doc["supervisors"][0]["running"][0]["status_now"] == "FAILED"
-    assert "gone:9" in run("dead")
+    assert "gone:9" in run("supervisors", "--dead")
+    every = run_json("supervisors")
+    assert {(s["host"], s["state"]) for s in every["supervisors"]} == {
+        ("gone", "dead"), ("here", "alive")}
+    assert "here:8" in run("supervisors")
 
 
 @pytest.mark.processes

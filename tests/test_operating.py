@@ -295,7 +295,7 @@ def test_a_killed_supervisor_shows_as_dead(runworkers):
     import io
 
     out = io.StringIO()
-    call_command("dbworker", "dead", "--json", stdout=out)
+    call_command("dbworker", "supervisors", "--dead", "--json", stdout=out)
     doc = json.loads(out.getvalue())
     assert [s["pid"] for s in doc["supervisors"]] == [p.pid]
     assert doc["supervisors"][0]["running"][0]["worker"] == "loose"

@@ -279,7 +279,7 @@ def test_a_failed_tasks_snoozes_are_shown_beside_its_attempts():
     tasks.snooze_forever.enqueue()
     run_until_idle()
     out = StringIO()
-    call_command("dbworker", "failed", stdout=out)
+    call_command("dbworker", "dead", stdout=out)
     assert "2 (+2 snoozed)" in out.getvalue()
 
 

@@ -321,7 +321,7 @@ def test_the_cli_and_the_admin_show_the_key(admin_client):
     assert "unique_key: report" in out.getvalue()
     TaskRecord.objects.update(status=TaskStatus.FAILED, finished_at=timezone.now())
     out = StringIO()
-    call_command("dbworker", "failed", stdout=out)
+    call_command("dbworker", "dead", stdout=out)
     assert "unique_report [report]" in out.getvalue()
     page = admin_client.get("/admin/django_dbworker/taskrecord/").content.decode()
     assert '<small class="dbw-key" title="unique key">key: report</small>' in page

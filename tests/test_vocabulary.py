@@ -129,7 +129,7 @@ def test_the_cli_shows_the_task_mapping_with_the_old_error_key(failed_task):
     assert doc["errors"] == [{**e, "at": e["occurred_at"]}
                              for e in as_json(failed_task.failure_dicts())]
     assert doc["error"] == doc["errors"][-1]
-    failed = cli_json("failed")
+    failed = cli_json("dead")
     assert failed["tasks"][0]["errors"][0]["traceback"] is None  # without --tracebacks
     assert failed["tasks"][0]["errors"][0]["occurred_at"] == doc["errors"][0]["occurred_at"]
 

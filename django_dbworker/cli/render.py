@@ -117,14 +117,19 @@ def _tries(u: dict[str, Any]) -> str:
     return f"{u['attempts']} (+{snoozes} snoozed)" if snoozes else str(u["attempts"])
 
 
-def failed(doc: dict[str, Any], traceback: bool) -> str:
+def failures(doc: dict[str, Any], traceback: bool, *, final: bool) -> str:
+    """``dbworker dead`` (``final``: when each failed for good) and ``dbworker failed``
+    (when each is tried next)."""
+    when = "finished_at" if final else "available_at"
     rows = [("execution", u["id"], f"{u['worker']}[{u['source_id']}]", u["attempts"],
-             u["finished_at"], units.last_error(u)) for u in doc["executions"]]
-    rows += [("task", u["id"], _task_name(u), _tries(u), u["finished_at"],
+             u[when], units.last_error(u)) for u in doc["executions"]]
+    rows += [("task", u["id"], _task_name(u), _tries(u), u[when],
               units.last_error(u)) for u in doc["tasks"]]
     c = doc["counts"]
-    out = [table(["kind", "id", "unit", "attempts", "failed at", "error"], rows),
-           f"\n{c['executions']} failed execution(s), {c['tasks']} failed task(s)."]
+    what = "failed for good" if final else "to be tried again"
+    out = [table(["kind", "id", "unit", "attempts", "failed at" if final else "next try",
+                  "error"], rows),
+           f"\n{c['executions']} execution(s) and {c['tasks']} task(s) {what}."]
     if traceback:
         out += ["", "\n\n".join(unit(u) for u in [*doc["executions"], *doc["tasks"]])]
     return "\n".join(out)
@@ -136,10 +141,11 @@ def _task_name(u: dict[str, Any]) -> str:
     return f"{u['task']} [{key}]" if key else str(u["task"])
 
 
-def dead(doc: dict[str, Any]) -> str:
+def supervisor_list(doc: dict[str, Any], *, dead: bool) -> str:
     if not doc["supervisors"]:
-        return "No dead supervisors (none stopped beating without stopping)."
-    return supervisors(doc["supervisors"], status_now=True)
+        return ("No dead supervisors (none stopped beating without stopping)." if dead
+                else "No supervisor beat in the last day.")
+    return supervisors(doc["supervisors"], status_now=dead)
 
 
 def plan(doc: dict[str, Any]) -> str:

@@ -1,14 +1,15 @@
-"""The read-only commands: inspect, stats, failed, dead."""
+"""The read-only commands: inspect, stats, failed, dead, supervisors."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from .. import conf
 from ..insight import names, snapshot
-from ..models import Execution, Supervisor, TaskRecord
+from ..models import Execution, Failure, Supervisor, TaskRecord, TaskStatus
 from ..registry import workers
 from . import OperationError, units
 
@@ -70,34 +71,48 @@ def stats(worker_names: list[str] | None, queue_names: list[str] | None) -> dict
     return snapshot.take().as_dict()
 
 
-def failed(worker_names: list[str] | None, queue_names: list[str] | None, *, limit: int,
-           traceback: bool) -> dict[str, Any]:
-    """Executions and tasks FAILED for good, newest first (at most ``limit`` of each)."""
+def failures(worker_names: list[str] | None, queue_names: list[str] | None, *, limit: int,
+             traceback: bool, final: bool) -> dict[str, Any]:
+    """``final``: executions and tasks FAILED for good, their retries used up, newest first
+    (``dbworker dead``). Otherwise the ones that failed an attempt and will be tried again,
+    the next try first (``dbworker failed``): tasks RETRYING, and tasks and executions given
+    back after a crash (a lost lease, a killed child). At most ``limit`` of each."""
     check_names(worker_names, queue_names)
     using = _using()
-    executions = Execution.objects.using(using).failed()
-    tasks = TaskRecord.objects.using(using).failed()
+    if final:
+        executions = Execution.objects.using(using).failed().order_by("-finished_at", "-id")
+        tasks = TaskRecord.objects.using(using).failed().order_by("-finished_at")
+    else:
+        had_failure = Exists(Failure.objects.filter(execution=OuterRef("pk")))
+        executions = (Execution.objects.using(using).claimable().filter(had_failure)
+                      .order_by("available_at", "id"))
+        tasks = (TaskRecord.objects.using(using).ready()
+                 .filter(Q(status=TaskStatus.RETRYING) | Q(crashes__gt=0))
+                 .order_by("available_at"))
     if worker_names is not None or queue_names is not None:
         executions = executions.filter(worker__in=worker_names or [])
         tasks = tasks.filter(queue_name__in=queue_names or [])
-    executions = executions.order_by("-finished_at", "-id").prefetch_related("failures")
+    executions = executions.prefetch_related("failures")
     return {
         "executions": [units.execution(e, traceback=traceback) for e in executions[:limit]],
-        "tasks": [units.task(t, traceback=traceback)
-                  for t in tasks.order_by("-finished_at")[:limit]],
+        "tasks": [units.task(t, traceback=traceback) for t in tasks[:limit]],
         "counts": {"executions": executions.count(), "tasks": tasks.count()},
     }
 
 
-def dead() -> dict[str, Any]:
-    """Supervisors that stopped beating without stopping, and what became of their units."""
+def supervisors(*, dead: bool) -> dict[str, Any]:
+    """The supervisors of the last day and what they run; ``dead``: only those that
+    stopped beating without stopping, and what became of their units."""
     using = _using()
     now = timezone.now()
+    rows = (Supervisor.objects.using(using).dead(now) if dead
+            else Supervisor.objects.using(using).recent().order_by("-started_at"))
     found = []
-    for s in Supervisor.objects.using(using).dead(now):
+    for s in rows:
         doc = supervisor(s, now)
-        for unit in doc["running"]:
-            unit["status_now"] = _status_now(unit, using)
+        if dead:
+            for unit in doc["running"]:
+                unit["status_now"] = _status_now(unit, using)
         found.append(doc)
     return {"supervisors": found}
 

@@ -27,7 +27,8 @@ MAX_LIMIT = 2**31 - 1
 
 
 class Command(BaseCommand):
-    help = ("Inspect and fix background work: inspect, stats, failed, dead, retry, reset, "
+    help = ("Inspect and fix background work: inspect, stats, failed, dead, supervisors, "
+            "retry, reset, "
             "cancel, purge, prune, triggers, schedules, pause, resume, paused. "
             "'manage.py dbworker SUBCOMMAND --help' for each.")
 
@@ -47,11 +48,18 @@ class Command(BaseCommand):
             .add_argument("ids", nargs="*", metavar="ID")
         p = add("stats", "Counts by status, lag, throughput and failures.")
         self._names(p)
-        p = add("failed", "Executions and tasks that FAILED for good, newest first.")
-        self._names(p)
-        p.add_argument("--limit", type=int, default=50, help="At most this many of each.")
-        p.add_argument("--tracebacks", action="store_true", help="Show tracebacks too.")
-        add("dead", "Supervisors that died (stopped beating without stopping) and their units.")
+        for name, help_text in (
+                ("failed", "Executions and tasks that failed an attempt and will be tried "
+                 "again (tasks RETRYING, units given back after a crash), next try first."),
+                ("dead", "Executions and tasks that FAILED for good (no retries left), "
+                 "newest first.")):
+            p = add(name, help_text)
+            self._names(p)
+            p.add_argument("--limit", type=int, default=50, help="At most this many of each.")
+            p.add_argument("--tracebacks", action="store_true", help="Show tracebacks too.")
+        add("supervisors", "Supervisors of the last day and what they run; --dead: those that "
+            "died (stopped beating without stopping) and what became of their units.") \
+            .add_argument("--dead", action="store_true", help="Only the dead ones.")
         add("retry", "Run failed executions and failed or cancelled tasks again.",
             changes_rows=True).add_argument("ids", nargs="+", metavar="ID")
         p = add("reset", "Run a worker again on source rows where it FAILED.", changes_rows=True)
@@ -114,23 +122,30 @@ class Command(BaseCommand):
             doc, text = reports.inspect(options["ids"]), render.inspect
         elif name == "stats":
             doc, text = reports.stats(options["workers"], options["queues"]), render.stats
-        elif name == "failed":
+        elif name in ("failed", "dead"):
             if not 0 <= options["limit"] <= MAX_LIMIT:
                 raise CommandError(f"--limit {options['limit']}: give a whole number from 0 "
                                    f"to {MAX_LIMIT}.")
-            doc = reports.failed(options["workers"], options["queues"],
-                                 limit=options["limit"], traceback=options["tracebacks"])
+            final = name == "dead"
+            doc = reports.failures(options["workers"], options["queues"],
+                                   limit=options["limit"], traceback=options["tracebacks"],
+                                   final=final)
 
-            def failed_text(d: dict[str, Any]) -> str:
-                return render.failed(d, options["tracebacks"])
-            text = failed_text
+            def failures_text(d: dict[str, Any]) -> str:
+                return render.failures(d, options["tracebacks"], final=final)
+            text = failures_text
         elif name == "triggers":
             doc = triggers.triggers(options["action"], options["workers"])
             text = render.triggers
         elif name == "paused":
             doc, text = pauses.paused(), render.paused
         else:
-            doc, text = reports.dead(), render.dead
+            dead = options["dead"]
+            doc = reports.supervisors(dead=dead)
+
+            def supervisors_text(d: dict[str, Any]) -> str:
+                return render.supervisor_list(d, dead=dead)
+            text = supervisors_text
         self._print(name, doc, text, options["json"])
 
     # ----- changes ----------------------------------------------------------------------
