@@ -15,7 +15,7 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import conf
+from .. import conf, space
 from ..conf import MAX_RETENTION
 from ..models import Execution, Supervisor, TaskRecord, TaskStatus
 from ..registry import workers
@@ -137,7 +137,11 @@ def prune(older_than: float | None) -> Plan:
     supervisors = gone.count()
 
     def apply() -> int:
-        return taskstore.prune(timedelta(seconds=older_than), 1000) + gone.delete()[0]
+        deleted = taskstore.prune(timedelta(seconds=older_than), 1000) + gone.delete()[0]
+        for _ in range(100_000):  # SQLite, incremental auto-vacuum: the pages given back
+            if not space.after_prune(using):
+                break
+        return deleted
 
     when = cutoff.strftime("%Y-%m-%d %H:%M:%S %Z")
     return Plan("prune", f"Delete {tasks} task(s) that finished before {when} and "

@@ -186,3 +186,21 @@ def resume(doc: dict[str, Any]) -> str:
     if doc["changed"]:
         return f"Resumed {what} (paused since {cell(doc['pause']['since'])})."
     return f"{what[0].upper()}{what[1:]} was not paused: nothing changed."
+
+
+def _space(d: dict[str, Any]) -> str:
+    parts = [f"{d['total_bytes'] / 1e6:.2f} MB ({d['scope']})"]
+    if d.get("free_bytes") is not None:
+        parts.append(f"free {d['free_bytes'] / 1e6:.2f} MB")
+    if d.get("dead_rows") is not None:
+        parts.append(f"dead rows {d['dead_rows']}")
+    for key in ("auto_vacuum", "autovacuum"):
+        if key in d:
+            parts.append(f"{key} {d[key]}")
+    return ", ".join(parts)
+
+
+def vacuum(doc: dict[str, Any]) -> str:
+    return "\n".join([f"Before: {_space(doc['before'])}", *(f"Ran: {sql}" for sql in
+                      doc["statements"]), f"After:  {_space(doc['after'])} "
+                      f"({doc['seconds']:.2f} s)"])

@@ -367,6 +367,22 @@ class Engine:
 
     # ----- errors -----------------------------------------------------------------------
 
+    # ----- space given back after pruning (retention.py, ``dbworker vacuum``) -----------
+
+    def space(self, connection: BaseDatabaseWrapper, tables: Sequence[str]) -> dict[str, Any]:
+        """What ``tables`` take and how much of it is free or dead (``Space`` keys)."""
+        raise self.unsupported("reporting table space")
+
+    def vacuum_statements(self, connection: BaseDatabaseWrapper, tables: Sequence[str], *,
+                          full: bool) -> list[str]:
+        """What ``dbworker vacuum`` runs, outside any transaction."""
+        raise self.unsupported("vacuum")
+
+    def after_prune(self, connection: BaseDatabaseWrapper) -> int:
+        """The cheap step retention takes after each batch it deleted: pages given back to
+        the file system, where the database can do that a little at a time (0: nothing)."""
+        return 0
+
     def unsupported(self, what: str) -> NotSupportedError:
         """The error for what this engine cannot do (``what``, e.g. "listening for
         announcements")."""

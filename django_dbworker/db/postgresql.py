@@ -281,6 +281,32 @@ class PostgreSQL(Engine):
             raise
         return Listening(raw)
 
+    # ----- space -----------------------------------------------------------------------
+
+    def space(self, connection: BaseDatabaseWrapper, tables: Sequence[str]) -> dict[str, Any]:
+        """Our tables' size on disk (with indexes and TOAST) and their dead row versions,
+        which only a VACUUM makes reusable (autovacuum, when it runs)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0), "
+                "coalesce(sum(s.n_dead_tup), 0), coalesce(sum(s.n_live_tup), 0) "
+                "FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
+                "WHERE c.oid = ANY(%s::regclass[])", [list(tables)])
+            total, dead, live = cursor.fetchone()
+            cursor.execute("SHOW autovacuum")
+            autovacuum = cursor.fetchone()[0]
+        return {"scope": "tables", "total_bytes": int(total), "free_bytes": None,
+                "dead_rows": int(dead), "live_rows": int(live), "autovacuum": autovacuum}
+
+    def vacuum_statements(self, connection: BaseDatabaseWrapper, tables: Sequence[str], *,
+                          full: bool) -> list[str]:
+        """VACUUM makes dead rows' space reusable (and gives trailing empty pages back);
+        VACUUM FULL rewrites each table and gives all free space back, holding an
+        ACCESS EXCLUSIVE lock on it meanwhile (no claim, no enqueue)."""
+        q = connection.ops.quote_name
+        options = "FULL, ANALYZE" if full else "ANALYZE"
+        return [f"VACUUM ({options}) {', '.join(q(t) for t in tables)}"]
+
     def notify(self, connection: BaseDatabaseWrapper, channel: str, what: str) -> None:
         """Delivered when (and only if) the writer's transaction commits."""
         with connection.cursor() as cursor:

@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 _PAUSES = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, *(0.001,) * 19)
 
 
+#: ``PRAGMA auto_vacuum``'s values.
+AUTO_VACUUM = {0: "none", 1: "full", 2: "incremental"}
+
+
+def _pragma(cursor: Any, name: str) -> int:
+    cursor.execute(f"PRAGMA {name}")
+    return int(cursor.fetchone()[0])
+
+
 class _Beginning(Protocol):
     """What ``own_process`` uses of Django's SQLite wrapper that django-stubs does not
     declare (Django internals: its transaction mode and how it begins a transaction), and
@@ -186,6 +195,41 @@ class SQLite(Engine):
         return f"json_extract(%(expressions)s, '$[#-1].{key}')"
 
     # ----- wake-ups ---------------------------------------------------------------------
+
+    # ----- space -----------------------------------------------------------------------
+
+    def space(self, connection: BaseDatabaseWrapper, tables: Sequence[str]) -> dict[str, Any]:
+        """The whole file (SQLite frees pages per database, not per table): pages on the
+        free list are space a VACUUM, or an incremental one, gives back."""
+        with connection.cursor() as cursor:
+            page_size = _pragma(cursor, "page_size")
+            pages = _pragma(cursor, "page_count")
+            free = _pragma(cursor, "freelist_count")
+            mode = _pragma(cursor, "auto_vacuum")
+        return {"scope": "database file", "total_bytes": pages * page_size,
+                "free_bytes": free * page_size, "dead_rows": None,
+                "auto_vacuum": AUTO_VACUUM.get(mode, str(mode))}
+
+    def vacuum_statements(self, connection: BaseDatabaseWrapper, tables: Sequence[str], *,
+                          full: bool) -> list[str]:
+        """VACUUM rewrites the file without its free pages, and turns incremental
+        auto-vacuum on first (it takes effect only through a VACUUM), so that retention
+        gives the pages back batch by batch afterwards (``after_prune``)."""
+        return ["PRAGMA auto_vacuum = INCREMENTAL", "VACUUM"]
+
+    def after_prune(self, connection: BaseDatabaseWrapper) -> int:
+        """In incremental auto-vacuum mode, give the free pages back (``PRAGMA
+        incremental_vacuum``: about as many as the batch freed, so its cost follows the
+        batch); otherwise nothing: the pages wait on the free list for new rows, or for
+        ``dbworker vacuum``."""
+        with connection.cursor() as cursor:
+            if _pragma(cursor, "auto_vacuum") != 2:
+                return 0
+            free = _pragma(cursor, "freelist_count")
+            if free:
+                cursor.execute("PRAGMA incremental_vacuum")
+                cursor.fetchall()
+            return free
 
     def commit_counter(self, connection: BaseDatabaseWrapper) -> int | None:
         """``PRAGMA data_version``: from shared memory, for a few microseconds, on the

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import autodiscover_modules
 
+from django_dbworker import conf
 from django_dbworker.cli import (
     OperationError,
     changes,
@@ -29,7 +30,7 @@ MAX_LIMIT = 2**31 - 1
 class Command(BaseCommand):
     help = ("Inspect and fix background work: inspect, stats, failed, dead, supervisors, "
             "retry, reset, "
-            "cancel, purge, prune, triggers, schedules, pause, resume, paused. "
+            "cancel, purge, prune, vacuum, triggers, schedules, pause, resume, paused. "
             "'manage.py dbworker SUBCOMMAND --help' for each.")
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -91,6 +92,12 @@ class Command(BaseCommand):
                 p.add_argument("--reason", default="", help="Shown with the pause.")
         add("paused", "The paused task queues and row workers, and since when.")
 
+        p = add("vacuum", "Give the disk space of pruned rows back: VACUUM (SQLite: the file, "
+                "then incremental auto-vacuum; PostgreSQL: our tables), ANALYZE TABLE on "
+                "MariaDB/MySQL; --full: VACUUM FULL / OPTIMIZE TABLE (locks the tables).",
+                changes_rows=True)
+        p.add_argument("--full", action="store_true",
+                       help="Rewrite the tables to give all free space back (locks them).")
         schedules.arguments(add("schedules", "Cron schedules (code-declared and stored) and "
                                 "their next run; add, edit, enable, disable, remove stored ones."))
 
@@ -109,6 +116,8 @@ class Command(BaseCommand):
                 self._print(name, doc, schedules.render, options["json"])
             elif name in ("pause", "resume"):
                 self._pause(name, options)
+            elif name == "vacuum":
+                self._vacuum(options)
             else:
                 self._report(name, options)
         except OperationError as exc:
@@ -176,6 +185,20 @@ class Command(BaseCommand):
         else:
             doc = pauses.resume(options["queue"], options["worker"])
         self._print(name, doc, getattr(render, name), options["json"])
+
+    def _vacuum(self, options: dict[str, Any]) -> None:
+        from django_dbworker import space
+
+        using = conf.get().DATABASE
+        if options["full"] and not options["yes"]:
+            self._confirm("VACUUM FULL / OPTIMIZE TABLE rewrites django-dbworker's tables and "
+                          "locks each while it does (no claim or enqueue meanwhile).\n",
+                          options["json"])
+        try:
+            doc = space.vacuum(using, full=options["full"])
+        except space.VacuumInTransaction as exc:
+            raise CommandError(str(exc)) from None
+        self._print("vacuum", doc, render.vacuum, options["json"])
 
     def _ask(self, plan: changes.Plan, as_json: bool) -> None:
         self._confirm(render.plan(plan.as_dict(None)), as_json)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError
 from django.utils import timezone
 
+from ... import space
 from ...conf import Config
 from ...db.connections import connected
 from ...logs import log_event
@@ -111,6 +112,9 @@ class Retention(Periodic):
             return
         pruned = taskstore.prune_batch(cutoff, PRUNE_BATCH)
         if pruned:
-            log_event(logging.INFO, "pruned", tasks=pruned, older_than=cutoff.isoformat())
+            # SQLite in incremental auto-vacuum mode gives the freed pages back (space.py).
+            pages = space.after_prune(self.config.DATABASE)
+            log_event(logging.INFO, "pruned", tasks=pruned, older_than=cutoff.isoformat(),
+                      **({"pages_released": pages} if pages else {}))
             if pruned == PRUNE_BATCH:
                 self.every.again()  # more to do: next round, not in 10 s
