@@ -13,6 +13,7 @@ from django.utils.module_loading import autodiscover_modules
 from django_dbworker import conf
 from django_dbworker.checks import in_memory_sqlite
 from django_dbworker.conf import LOG_FORMATS
+from django_dbworker.embedding import die_with_parent
 from django_dbworker.exceptions import UnknownWorker
 from django_dbworker.logs import JsonFormatter
 from django_dbworker.registry import workers
@@ -47,6 +48,7 @@ class Command(BaseCommand):
                                  "(default: DBWORKER['GRACE_PERIOD']).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        die_with_parent()  # started by django_dbworker.start(): stop with that process
         config = conf.get()
         if in_memory_sqlite(config.DATABASE):
             raise CommandError(
