@@ -96,3 +96,23 @@ class InvalidPause(DBWorkerError, ValueError):
     """``pause()`` or ``resume()`` was given something it cannot pause: an unknown queue or
     worker, both or neither, or a reason that is too long. The message names the value and
     the queues or workers there are; nothing was written."""
+
+
+class TaskFailed(DBWorkerError):
+    """``result.get()`` of a task that ended FAILED or CANCELLED: the task's own last error
+    (``exception_class_path``, ``message``, ``traceback``; empty for a task cancelled before
+    it ran without one) and its ``status``."""
+
+    def __init__(self, message: str, *, result_id: str, status: str,
+                 exception_class_path: str = "", error_message: str = "",
+                 traceback: str = "") -> None:
+        super().__init__(message)
+        self.result_id = result_id
+        self.status = status
+        self.exception_class_path = exception_class_path
+        self.message = error_message
+        self.traceback = traceback
+
+
+class ResultTimeout(DBWorkerError, TimeoutError):
+    """``result.get(timeout=...)``: the task had not ended in time (it goes on)."""

@@ -48,6 +48,22 @@ class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
         for attr in (*TASK_REFRESH_ATTRS, *OUR_ATTRS):
             object.__setattr__(self, attr, getattr(fresh, attr))
 
+    def get(self, timeout: float | None = None) -> Any:
+        """Wait until the task has ended (``timeout`` seconds at most; None: as long as it
+        takes), then return its return value, or raise ``TaskFailed`` carrying its last
+        error (exception class path, message, traceback) when it ended FAILED or
+        CANCELLED. ``ResultTimeout`` (a TimeoutError) if it had not ended in time; the
+        task goes on. The result is refreshed (``refresh()``)."""
+        from .waiting import wait
+
+        return wait(self, timeout)
+
+    async def aget(self, timeout: float | None = None) -> Any:
+        """``get()`` for async code: the same wait without blocking the event loop."""
+        from .waiting import await_end
+
+        return await await_end(self, timeout)
+
 
 def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorkerTaskResult:
     if task is None:
