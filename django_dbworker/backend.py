@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from inspect import isclass, iscoroutinefunction
+from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
@@ -27,16 +26,14 @@ from . import conf
 from .db import refuse_unusable
 from .exceptions import InvalidTaskArguments
 from .tasks import registry as task_registry
+from .tasks import retry
 from .tasks.rates import parse_rate
 
 if TYPE_CHECKING:
     from .tasks.results import DBWorkerTaskResult
 
-#: A retry delay grows at most by this factor per attempt (``delay * factor ** n`` is a float:
-#: the retry delay is capped by ``retry_max_delay``, and this keeps the power finite).
-MAX_BACKOFF_FACTOR = 1000.0
-#: Attempts after the first, at most (an attempt number is a database integer).
-MAX_RETRIES = 1_000_000
+MAX_BACKOFF_FACTOR = retry.MAX_BACKOFF_FACTOR
+MAX_RETRIES = retry.MAX_RETRIES
 #: Most ``max_snoozes`` (``TaskRecord.snoozes`` is a database integer).
 MAX_SNOOZES = 1_000_000_000
 #: TaskRecord.queue_name's max_length.
@@ -531,51 +528,12 @@ def _not_json(task: Task, index: int, exc: Exception) -> InvalidTaskArguments:
 
 
 def _validate_options(where: str, task: DBWorkerTask) -> None:
-    def seconds(name: str, value: Any, *, optional: bool = False) -> None:
-        if optional and value is None:
-            return
-        given = value
-        if isinstance(value, timedelta):
-            value = value.total_seconds()
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 \
-                or not math.isfinite(value):
-            raise InvalidTask(f"{where}: {name}={given!r} must be a number of seconds "
-                              ">= 0 (finite) or a timedelta.")
-        if value > conf.MAX_DELAY:
-            raise InvalidTask(f"{where}: {name}={given!r} is more than {conf.MAX_DELAY:g} "
-                              "seconds (ten years); give a shorter duration.")
-
-    retries = task.retries
-    if isinstance(retries, bool) or not isinstance(retries, int) \
-            or not 0 <= retries <= MAX_RETRIES:
-        raise InvalidTask(f"{where}: retries={retries!r} must be an integer >= 0 and "
-                          f"<= {MAX_RETRIES}.")
-    seconds("retry_delay", task.retry_delay)
-    seconds("retry_max_delay", task.retry_max_delay)
-    seconds("timeout", task.timeout, optional=True)
+    retry_for = retry.check(where, task, InvalidTask)
+    if retry_for != task.retry_for:
+        object.__setattr__(task, "retry_for", retry_for)
+    retry.check_seconds(where, "timeout", task.timeout, InvalidTask, optional=True)
     if task.timeout_seconds == 0:
         raise InvalidTask(f"{where}: timeout=0 would stop every attempt; give more seconds.")
-    factor = task.retry_backoff_factor
-    if isinstance(factor, bool) or not isinstance(factor, int | float) \
-            or not 1 <= factor <= MAX_BACKOFF_FACTOR:
-        raise InvalidTask(f"{where}: retry_backoff_factor={factor!r} must be a finite number "
-                          f"from 1 to {MAX_BACKOFF_FACTOR:g}.")
-    if not isinstance(task.retry_backoff, bool):
-        raise InvalidTask(f"{where}: retry_backoff={task.retry_backoff!r} must be True/False.")
-    jitter = task.retry_jitter
-    if not isinstance(jitter, bool) and not (isinstance(jitter, int | float)
-                                             and 0 <= jitter <= 1):  # (NaN is not)
-        raise InvalidTask(f"{where}: retry_jitter={jitter!r} must be True/False or a "
-                          "fraction between 0 and 1.")
-    retry_for = task.retry_for
-    if isclass(retry_for):
-        retry_for = (retry_for,)
-        object.__setattr__(task, "retry_for", retry_for)
-    if not isinstance(retry_for, tuple | list) or not all(
-        isclass(c) and issubclass(c, BaseException) for c in retry_for
-    ):
-        raise InvalidTask(f"{where}: retry_for={task.retry_for!r} must be a tuple of "
-                          "exception classes.")
     if task.rate_limit is not None:
         try:
             parse_rate(task.rate_limit)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
 from django.db.models.query import QuerySet
 
 from .exceptions import InvalidWorker, UnknownWorker
+from .tasks import retry
 
 if TYPE_CHECKING:
     from .outcomes import Outcome
@@ -36,8 +39,24 @@ class Worker:
         transactional: bool,
         concurrency_limit: int | None = None,
         concurrency_key: str | None = None,
+        retries: int = 0,
+        retry_delay: float | timedelta = 1.0,
+        retry_backoff: bool = False,
+        retry_backoff_factor: float = 2.0,
+        retry_max_delay: float | timedelta = 3600.0,
+        retry_jitter: bool | float = False,
+        retry_for: tuple[type[BaseException], ...] = (Exception,),
     ) -> None:
         self.handler = handler
+        #: The retry policy of a failing handler (``tasks.retry``): the unit is UNFINISHED
+        #: until its next attempt, each attempt's failure kept; FAILED once none is left.
+        self.retries = retries
+        self.retry_delay = retry_delay
+        self.retry_backoff = retry_backoff
+        self.retry_backoff_factor = retry_backoff_factor
+        self.retry_max_delay = retry_max_delay
+        self.retry_jitter = retry_jitter
+        self.retry_for = retry_for
         self.name = name
         self.source = source
         self._eligible = eligible
@@ -142,6 +161,13 @@ def worker(
     transactional: bool = True,
     concurrency_limit: int | None = None,
     concurrency_key: str | None = None,
+    retries: int = 0,
+    retry_delay: float | timedelta = 1.0,
+    retry_backoff: bool = False,
+    retry_backoff_factor: float = 2.0,
+    retry_max_delay: float | timedelta = 3600.0,
+    retry_jitter: bool | float = False,
+    retry_for: tuple[type[BaseException], ...] | type[BaseException] = (Exception,),
 ) -> Any:
     """Register a handler that processes every eligible row of ``source`` once.
 
@@ -150,6 +176,8 @@ def worker(
     worker one supervisor runs at once; ``concurrency_limit`` how many of one key run at
     once on all supervisors together, the key being the value of the source row's field
     named ``concurrency_key`` (without one: all the worker's units share one key).
+    ``retries`` and the ``retry_*`` options retry a handler that raises one of
+    ``retry_for``, as tasks' options of the same names do (default: no retry).
     """
 
     def decorate(handler: Handler) -> Worker:
@@ -159,6 +187,12 @@ def worker(
 
         check_declaration(f"@worker {worker_name!r} ({_where(handler)})", source,
                           concurrency_limit, concurrency_key)
+        policy = SimpleNamespace(
+            retries=retries, retry_delay=retry_delay, retry_backoff=retry_backoff,
+            retry_backoff_factor=retry_backoff_factor, retry_max_delay=retry_max_delay,
+            retry_jitter=retry_jitter, retry_for=retry_for)
+        retry_classes = retry.check(f"@worker {worker_name!r} ({_where(handler)})", policy,
+                                    InvalidWorker)
         registered = Worker(
             handler,
             name=worker_name,
@@ -168,6 +202,9 @@ def worker(
             transactional=transactional,
             concurrency_limit=concurrency_limit,
             concurrency_key=concurrency_key,
+            retries=retries, retry_delay=retry_delay, retry_backoff=retry_backoff,
+            retry_backoff_factor=retry_backoff_factor, retry_max_delay=retry_max_delay,
+            retry_jitter=retry_jitter, retry_for=retry_classes,
         )
         workers.add(registered)
         return registered

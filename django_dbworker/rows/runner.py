@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 
 from .. import conf, progress
 from ..context import Context
@@ -22,12 +23,14 @@ from ..exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from ..logs import log_event
 from ..outcomes import Finished, Result, RunOutcome, Snooze, Unfinished
 from ..registry import Worker, workers
+from ..tasks import retry
 from . import keys, pending, store
 from .store import Claim, FailureInfo
 
 logger = logging.getLogger("django_dbworker")
 
 FINISHED, UNFINISHED, FAILED = RunOutcome.FINISHED, RunOutcome.UNFINISHED, RunOutcome.FAILED
+RETRYING = RunOutcome.RETRYING
 LOST, GONE = RunOutcome.LEASE_LOST, RunOutcome.GONE
 
 
@@ -216,17 +219,26 @@ def _record_failure(c: Claim, exc: BaseException, started: float) -> Result:
             connection.close()
     info = FailureInfo.caught(exc)
     worker = workers[c.worker]
+    message = f"{info.exception_class}: {info.message}"
+    if retry.should_retry(worker, c.attempt, exc):  # @worker(retries=...)
+        at = retry.at(timezone.now(), retry.delay(worker, c.attempt))
+        with store.recording("its failure"), transaction.atomic(using=using):
+            if not store.retry_later(c, info, at):
+                return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
+            pending.add_siblings(worker, c.source_key, using)
+        return _result(c, RETRYING, started, message, level=logging.WARNING,
+                       retry_at=at.isoformat())
     with store.recording("its failure"), transaction.atomic(using=using):
         if not store.fail(c, info):
             return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
         pending.add_siblings(worker, c.source_key, using)
-    return _result(c, FAILED, started, f"{info.exception_class}: {info.message}",
-                   level=logging.ERROR)
+    return _result(c, FAILED, started, message, level=logging.ERROR)
 
 
 def _result(c: Claim, outcome: RunOutcome, started: float, error: str = "",
-            level: int = logging.INFO) -> Result:
+            level: int = logging.INFO, **extra: Any) -> Result:
     seconds = time.monotonic() - started
     log_event(level, outcome, worker=c.worker, execution=c.execution_id,
-              source=c.source_key, attempt=c.attempt, seconds=round(seconds, 4), error=error)
+              source=c.source_key, attempt=c.attempt, seconds=round(seconds, 4), error=error,
+              **extra)
     return Result(c.execution_id, c.worker, outcome, seconds, error)

@@ -382,6 +382,20 @@ def fail(c: Claim, failure: FailureInfo) -> int:
     return changed
 
 
+def retry_later(c: Claim, failure: FailureInfo, at: datetime) -> int:
+    """Record a failed attempt of a worker with retries left: UNFINISHED until ``at``
+    (its next claim), the failure kept with the others (fenced as ``fail``)."""
+    using = _alias()
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        changed = _live(c, using, now).update(
+            state=State.UNFINISHED, token=None, lease_expires_at=None, available_at=at
+        )
+        if changed:
+            _record(c.execution_id, c.attempt, failure, now, using)
+    return changed
+
+
 def forget(c: Claim) -> int:
     """Remove the execution of a unit whose source row is gone (fenced by the token)."""
     return _fenced(c, _alias()).delete()[0]

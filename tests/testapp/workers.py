@@ -295,3 +295,23 @@ if os.environ.get("DBWORKER_TEST_CONCURRENCY"):  # the supervisors of test_concu
         Effect.objects.create(item_id=item.pk, worker="conc_rows", pid=os.getpid(),
                               note=f"{item.action} {start!r} {time.time()!r}")
         return Finished()
+
+
+@worker(source=Item, eligible=Item.objects.filter(kind="retried"), retries=2, retry_delay=0,
+        retry_for=(ValueError,))
+def retried(item, context):
+    """``@worker(retries=...)`` (test_row_retries.py): action "fail:N" raises ValueError on
+    its first N attempts, "type" a TypeError (not retried), "later" a ValueError whose
+    retry would come an hour later (the retry_later worker)."""
+    Effect.objects.create(item_id=item.pk, worker="retried", note=str(context.attempt))
+    if item.action == "type":
+        raise TypeError("not retried")
+    if item.action.startswith("fail:") and context.attempt <= int(item.action[5:]):
+        raise ValueError(f"attempt {context.attempt}")
+    return Finished()
+
+
+@worker(source=Item, eligible=Item.objects.filter(kind="retry_later"), retries=3,
+        retry_delay=3600, retry_backoff=True)
+def retry_later(item):
+    raise ValueError("later")
