@@ -15,7 +15,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from .. import conf, progress
+from .. import conf, progress, signals
 from ..context import Context
 from ..db import TransactionEnded, engine, sources
 from ..db.connections import TransactionCheck, connected
@@ -45,6 +45,7 @@ def run(c: Claim) -> Result:
     raw = _raw_connection()
     token = pending.running.set(pending.Running(c.execution_id, c.worker, c.source_key))
     unit = progress.current.set(progress.Unit("execution", str(c.execution_id)))
+    _signal(signals.execution_started, worker, c)
     try:
         try:
             if worker.transactional:
@@ -71,7 +72,15 @@ def run(c: Claim) -> Result:
     finally:
         pending.running.reset(token)
         progress.current.reset(unit)
+    if outcome in (FINISHED, UNFINISHED):
+        _signal(signals.execution_finished, worker, c, outcome=outcome)
     return _result(c, outcome, started)
+
+
+def _signal(signal: Any, worker: Worker, c: Claim, **kwargs: Any) -> None:
+    signals.send(signal, worker, execution_id=c.execution_id,
+                 source_id=keys.from_key(worker.source, c.source_key), attempt=c.attempt,
+                 **kwargs)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -226,13 +235,20 @@ def _record_failure(c: Claim, exc: BaseException, started: float) -> Result:
             if not store.retry_later(c, info, at):
                 return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
             pending.add_siblings(worker, c.source_key, using)
+        _signal(signals.execution_failed, worker, c, error=_error(info), will_retry=True)
         return _result(c, RETRYING, started, message, level=logging.WARNING,
                        retry_at=at.isoformat())
     with store.recording("its failure"), transaction.atomic(using=using):
         if not store.fail(c, info):
             return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
         pending.add_siblings(worker, c.source_key, using)
+    _signal(signals.execution_failed, worker, c, error=_error(info), will_retry=False)
     return _result(c, FAILED, started, message, level=logging.ERROR)
+
+
+def _error(info: FailureInfo) -> dict[str, str]:
+    return {"exception_class": info.exception_class, "message": info.message,
+            "traceback": info.traceback}
 
 
 def _result(c: Claim, outcome: RunOutcome, started: float, error: str = "",
