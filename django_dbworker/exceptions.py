@@ -116,3 +116,8 @@ class TaskFailed(DBWorkerError):
 
 class ResultTimeout(DBWorkerError, TimeoutError):
     """``result.get(timeout=...)``: the task had not ended in time (it goes on)."""
+
+
+class HandlerTimeout(DBWorkerError, TimeoutError):
+    """A row handler ran longer than its ``@worker(timeout=...)`` and its process was
+    stopped (the class path recorded in the execution's failure)."""

@@ -46,8 +46,11 @@ class Worker:
         retry_max_delay: float | timedelta = 3600.0,
         retry_jitter: bool | float = False,
         retry_for: tuple[type[BaseException], ...] = (Exception,),
+        timeout: float | timedelta | None = None,
     ) -> None:
         self.handler = handler
+        #: Seconds a handler may run before its process is stopped (``HandlerTimeout``).
+        self.timeout = timeout
         #: The retry policy of a failing handler (``tasks.retry``): the unit is UNFINISHED
         #: until its next attempt, each attempt's failure kept; FAILED once none is left.
         self.retries = retries
@@ -72,6 +75,11 @@ class Worker:
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} over {self.source._meta.label}>"
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        t = self.timeout
+        return t.total_seconds() if isinstance(t, timedelta) else t
 
     def __call__(self, *args: Any, **kwargs: Any) -> Outcome:
         return self.handler(*args, **kwargs)
@@ -168,6 +176,7 @@ def worker(
     retry_max_delay: float | timedelta = 3600.0,
     retry_jitter: bool | float = False,
     retry_for: tuple[type[BaseException], ...] | type[BaseException] = (Exception,),
+    timeout: float | timedelta | None = None,
 ) -> Any:
     """Register a handler that processes every eligible row of ``source`` once.
 
@@ -178,6 +187,8 @@ def worker(
     named ``concurrency_key`` (without one: all the worker's units share one key).
     ``retries`` and the ``retry_*`` options retry a handler that raises one of
     ``retry_for``, as tasks' options of the same names do (default: no retry).
+    ``timeout`` (seconds or a timedelta): a handler running longer is stopped (its child
+    process replaced) and the attempt fails with ``HandlerTimeout``.
     """
 
     def decorate(handler: Handler) -> Worker:
@@ -191,8 +202,13 @@ def worker(
             retries=retries, retry_delay=retry_delay, retry_backoff=retry_backoff,
             retry_backoff_factor=retry_backoff_factor, retry_max_delay=retry_max_delay,
             retry_jitter=retry_jitter, retry_for=retry_for)
-        retry_classes = retry.check(f"@worker {worker_name!r} ({_where(handler)})", policy,
-                                    InvalidWorker)
+        label = f"@worker {worker_name!r} ({_where(handler)})"
+        retry_classes = retry.check(label, policy, InvalidWorker)
+        retry.check_seconds(label, "timeout", timeout, InvalidWorker, optional=True)
+        if timeout is not None and not (timeout.total_seconds() if isinstance(
+                timeout, timedelta) else timeout) > 0:
+            raise InvalidWorker(f"{label}: timeout={timeout!r} would stop every attempt; "
+                                "give more seconds.")
         registered = Worker(
             handler,
             name=worker_name,
@@ -204,7 +220,7 @@ def worker(
             concurrency_key=concurrency_key,
             retries=retries, retry_delay=retry_delay, retry_backoff=retry_backoff,
             retry_backoff_factor=retry_backoff_factor, retry_max_delay=retry_max_delay,
-            retry_jitter=retry_jitter, retry_for=retry_classes,
+            retry_jitter=retry_jitter, retry_for=retry_classes, timeout=timeout,
         )
         workers.add(registered)
         return registered

@@ -367,7 +367,8 @@ def test_the_supervisors_loop_runs_maintenance_and_its_renewer_the_renewal():
                             conf.get(), None)
     try:
         assert [d.name for d in supervisor.duties.duties] == [
-            "retries", "task_stops", "cron", "retention", "reaping", "discovery"]
+            "retries", "task_stops", "cron", "retention", "row_timeouts", "reaping",
+            "discovery"]
         assert isinstance(supervisor.duties.duties[0], Retries)
         assert isinstance(supervisor.duties.duties[2], Cron)
         assert supervisor.retry_release is supervisor.retries.releases

@@ -95,3 +95,38 @@ def test_runworkers_retries_a_row_in_its_children(runworkers):
     e = execution(item)
     assert e.status == ExecutionStatus.FINISHED and e.attempts == 2
     assert "retrying worker=retried" in p.output()
+
+
+# ----- @worker(timeout=...) ---------------------------------------------------------------------
+
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_past_its_timeout_is_stopped_and_the_attempt_fails(runworkers):
+    """Its child is killed and replaced, the attempt fails with HandlerTimeout (retried
+    here: the worker retries TimeoutError once), the other units go on."""
+    again = Item.objects.create(kind="timed", action="sleep_first:30")
+    never = Item.objects.create(kind="timed", action="sleep:30")
+    quick = Item.objects.create(kind="timed", action="ok")
+    p = runworkers("--worker", "timed", "--burst", "--concurrency", "1")
+    assert p.wait(90) == 0, p.output()
+    assert execution(again).status == ExecutionStatus.FINISHED
+    assert execution(again).attempts == 2
+    failed = execution(never)
+    assert failed.status == ExecutionStatus.FAILED and failed.attempts == 2
+    errors = list(failed.failures.order_by("attempt"))
+    assert [f.exception_class for f in errors] == [
+        "django_dbworker.exceptions.HandlerTimeout"] * 2
+    assert "ran longer than its timeout of 1s and its process was stopped" in errors[0].message
+    assert execution(quick).status == ExecutionStatus.FINISHED
+    assert p.output().count("timed_out worker=timed") == 3
+
+
+@pytest.mark.parametrize(("timeout", "message"), [
+    (0, "timeout=0 would stop every attempt"),
+    (-1, "timeout=-1 must be a number of seconds"),
+    (float("inf"), "timeout=inf must be a number of seconds"),
+])
+def test_a_bad_timeout_is_refused_by_name(timeout, message):
+    with pytest.raises(InvalidWorker, match=re.escape(message)):
+        worker(source=Item, name="bad_timeout", timeout=timeout)(lambda item: Finished())

@@ -73,6 +73,25 @@ class RowUnit:
 
         return Result(self.execution_id, self.worker, outcome, seconds, error)
 
+    def time_out(self, info: FailureInfo) -> bool:
+        """The supervisor stopped its handler past ``@worker(timeout=...)``: a failed
+        attempt like any raise (``HandlerTimeout``), so retried where the worker's
+        ``retry_for`` takes a TimeoutError, else FAILED. True: a retry comes."""
+        from django.utils import timezone
+
+        from ..exceptions import HandlerTimeout
+        from ..registry import workers
+        from ..tasks import retry
+        from . import store
+
+        worker = workers[self.worker]
+        if retry.should_retry(worker, self.attempt, HandlerTimeout(info.message)):
+            at = retry.at(timezone.now(), retry.delay(worker, self.attempt))
+            store.retry_later(self._claim(), info, at)
+            return True
+        self.fail(info)
+        return False
+
     def fail(self, info: FailureInfo) -> int:
         """Record it FAILED for good; a FAILED row is made pending for its sibling workers,
         as by the runner's own failure record (else the next sweep finds them)."""

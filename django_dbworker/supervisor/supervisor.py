@@ -30,6 +30,7 @@ from .duties.base import Duties
 from .duties.discovery import Discovery
 from .duties.leases import Reaping, Renewal, Retries
 from .duties.outage import Outage
+from .duties.timeouts import RowTimeouts
 from .heartbeat import Heartbeat
 from .pauses import Pauses
 from .pool import Child, describe_exit
@@ -123,6 +124,7 @@ class Supervisor:
             self.retries,
             *(self.tasks.duties(lambda: self.children, self._stop_child, self.prefetch)
               if self.tasks is not None else []),
+            RowTimeouts(options.workers, lambda: self.children, self._stop_child),
             self.reaping,
             self.discovery,
         ])

@@ -315,3 +315,11 @@ def retried(item, context):
         retry_delay=3600, retry_backoff=True)
 def retry_later(item):
     raise ValueError("later")
+
+
+@worker(source=Item, eligible=Item.objects.filter(kind="timed"), timeout=1, retries=1,
+        retry_delay=0, retry_for=(TimeoutError,), transactional=False)
+def timed(item):
+    """``@worker(timeout=1)`` retrying a timeout once (test_row_retries.py): "sleep:N" runs
+    too long every time, "sleep_first:N" only the first time."""
+    return _act(item, "timed")
