@@ -136,3 +136,50 @@ def test_every_object_of_the_api_reference_has_docstrings():
             undocumented.append(path)
         undocumented += [f"{path}.{name}" for name in names if not obj.members[name].docstring]
     assert not undocumented, f"shown in docs/reference/ without a docstring: {undocumented}"
+
+
+def _hooks():
+    _need("mkdocs")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks",
+                                                  ROOT / "scripts" / "mkdocs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rewrite(markdown: str, repo_url: str | None) -> str:
+    from types import SimpleNamespace
+
+    page = SimpleNamespace(file=SimpleNamespace(
+        src_uri="workers.md", abs_src_path=str(ROOT / "docs" / "workers.md")))
+    config = SimpleNamespace(docs_dir=str(ROOT / "docs"), repo_url=repo_url)
+    return _hooks().on_page_markdown(markdown, page=page, config=config, files=None)
+
+
+def test_links_to_repository_files_go_to_the_repository_url():
+    text = ("[`example_project/`](../example_project/), [the README](../README.md#status), "
+            "[tasks](tasks.md#cron), [Django](https://www.djangoproject.com/)\n"
+            "```python\n[not a link](../README.md)\n```\n")
+    assert _rewrite(text, "https://forge.example/o/r/") == (
+        "[`example_project/`](https://forge.example/o/r/tree/main/example_project), "
+        "[the README](https://forge.example/o/r/blob/main/README.md#status), "
+        "[tasks](tasks.md#cron), [Django](https://www.djangoproject.com/)\n"
+        "```python\n[not a link](../README.md)\n```\n")
+
+
+def test_without_a_repository_url_they_show_the_path():
+    text = "[`example_project/`](../example_project/), [the\nREADME](../README.md)"
+    assert _rewrite(text, None) == (
+        "`example_project/`, the\nREADME (`README.md` in the repository)")
+
+
+def test_a_link_to_a_missing_repository_file_is_a_warning_naming_it(caplog):
+    text = "[gone](../example_project/no_such_file.py)"
+    assert _rewrite(text, "https://forge.example/o/r") == "gone"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "repository_links: Doc file 'workers.md' links to "
+        "'../example_project/no_such_file.py', but 'example_project/no_such_file.py' does "
+        "not exist in the repository."]
