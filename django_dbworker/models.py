@@ -26,7 +26,8 @@ class ExecutionStatus(models.TextChoices):
     #: The handler returned ``Finished()``: not offered again without a reset
     #: (``dbworker reset --finished``).
     FINISHED = "FINISHED", "finished"
-    #: The handler raised, or its process died ``MAX_CRASHES`` times: not offered again
+    #: The handler raised, or its unit crashed (killed its process, lost its lease)
+    #: ``MAX_CRASHES`` times: not offered again
     #: until it is reset (``Worker.reset_failed()``, the admin, ``dbworker retry``).
     FAILED = "FAILED", "failed"
 
