@@ -27,8 +27,8 @@ class ExecutionStatus(models.TextChoices):
     #: (``dbworker reset --finished``).
     FINISHED = "FINISHED", "finished"
     #: The handler raised, or its unit crashed (killed its process, lost its lease)
-    #: ``MAX_CRASHES`` times: not offered again
-    #: until it is reset (``Worker.reset_failed()``, the admin, ``dbworker retry``).
+    #: ``MAX_CRASHES`` times: not offered again until it is reset
+    #: (``Worker.reset_failed()``, the admin, ``dbworker retry``).
     FAILED = "FAILED", "failed"
 
 
