@@ -54,7 +54,9 @@ class DBWorkerTask(Task):
     retry_delay: float | timedelta = 1.0
     #: Multiply the delay by ``retry_backoff_factor`` after each failed attempt.
     retry_backoff: bool = False
+    #: The factor of ``retry_backoff`` (at most 1000).
     retry_backoff_factor: float = 2.0
+    #: Seconds (or a timedelta): a retry delay never exceeds this.
     retry_max_delay: float | timedelta = 3600.0
     #: True: wait a random part of the delay (full jitter); a float: at most that fraction less.
     retry_jitter: bool | float = False
@@ -64,7 +66,12 @@ class DBWorkerTask(Task):
     timeout: float | timedelta | None = None
     #: Start rate across all supervisors, e.g. ``"10/s"``.
     rate_limit: str | None = None
+    #: A callable or its dotted path, called as ``on_success(result, return_value)`` after
+    #: the task succeeded; if it raises, that is logged and the status stays.
     on_success: Callback = None
+    #: Called as ``on_failure(result, exception)`` after the task failed for good (not after
+    #: an attempt that is retried); ``exception`` is None when the supervisor stopped it
+    #: (timeout, cancellation).
     on_failure: Callback = None
     #: Set per call: ``.using(idempotency_key="...")``.
     idempotency_key: str | None = None
@@ -104,6 +111,9 @@ class DBWorkerTask(Task):
         unique_key: str | Callable[..., str] | None = None,
         concurrency_key: str | None = None,
     ) -> DBWorkerTask:
+        """A copy of the task with these options changed (those given, not None), for one
+        enqueue: ``send.using(run_after=timedelta(minutes=5)).enqueue(42)``. ``run_after``
+        may be an aware datetime or a timedelta from now."""
         # As Task.using does, with our options, in one replace(); run_after may also be a
         # timedelta here (validate_task), which Task's own annotation does not allow.
         given: dict[str, Any] = {
@@ -124,6 +134,7 @@ class DBWorkerTask(Task):
 
     @property
     def timeout_seconds(self) -> float | None:
+        """``timeout`` in seconds (None: no timeout)."""
         t = self.timeout
         return t.total_seconds() if isinstance(t, timedelta) else t
 
@@ -135,14 +146,15 @@ class DBWorkerBackend(BaseTaskBackend):
     backend to the commit of the caller's transaction.
     """
 
+    #: ``@task`` makes a ``DBWorkerTask`` for this backend, with its options.
     task_class = DBWorkerTask
-    # run_after is kept in the row; the task is not claimed before it (available_at).
+    #: run_after is kept in the row; the task is not claimed before it (available_at).
     supports_defer = True
-    # Coroutine functions run to completion in the child process (Task.call, async_to_sync).
+    #: Coroutine functions run to completion in the child process (Task.call, async_to_sync).
     supports_async_task = True
-    # get_result() reads the task's row from any thread or process, until it is pruned.
+    #: get_result() reads the task's row from any thread or process, until it is pruned.
     supports_get_result = True
-    # Claims take the highest priority first, then the longest available (claim index).
+    #: Claims take the highest priority first, then the longest available (claim index).
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
@@ -160,6 +172,8 @@ class DBWorkerBackend(BaseTaskBackend):
     # ----- validation -----------------------------------------------------------------
 
     def validate_task(self, task: Task) -> None:
+        """Raise ``InvalidTask`` (``ImproperlyConfigured`` for a bad ``OPTIONS``) saying what
+        is wrong with the task or its options; ``@task`` and ``.using()`` call it."""
         if self.options_error:
             raise ImproperlyConfigured(self.options_error)
         where = f"Task {getattr(task.func, '__qualname__', task.func)!r}"
@@ -230,11 +244,15 @@ class DBWorkerBackend(BaseTaskBackend):
     # ----- enqueue --------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        """Store one call of the task (what ``task.enqueue(...)`` calls)."""
         return self.enqueue_many(task, [(args, kwargs)])[0]
 
     def enqueue_many(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
     ) -> list[DBWorkerTaskResult]:
+        """Store one call per ``(args, kwargs)`` in one transaction; results in call order
+        (``task.enqueue_many(...)`` calls it). A bad call raises, naming it, and stores
+        nothing."""
         from .tasks import enqueue as newtasks
         from .tasks import store as taskstore
         from .tasks.results import new_results
@@ -350,6 +368,8 @@ class DBWorkerBackend(BaseTaskBackend):
     # ----- results --------------------------------------------------------------------
 
     def get_result(self, result_id: str) -> TaskResult:
+        """The task's result as stored now; ``TaskResultDoesNotExist`` for an unknown id
+        (or one pruned after ``RETENTION``)."""
         from .tasks import store as taskstore
 
         row = taskstore.get(result_id)

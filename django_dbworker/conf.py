@@ -17,6 +17,8 @@ from .tasks.rates import parse_rate
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
+    """The keys of ``settings.DBWORKER`` and their defaults."""
+
     #: Database alias holding our tables and the queue.
     DATABASE: str = "default"
     #: Seconds a claim stays valid without renewal; the supervisor renews every third of it.

@@ -9,6 +9,8 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
+    """The unit a handler runs, given to a handler that takes a second argument."""
+
     #: The worker's name.
     worker: str
     #: The execution's id (``django_dbworker.models.Execution``).

@@ -61,18 +61,22 @@ class Workers:
 
     def __init__(self, process: subprocess.Popen[bytes], grace_period: float) -> None:
         self._process = process
+        #: Seconds running units get after ``stop()`` asks the supervisor to stop.
         self.grace_period = grace_period
 
     @property
     def pid(self) -> int:
+        """The supervisor's process id (its ``Supervisor`` row has it)."""
         return self._process.pid
 
     @property
     def running(self) -> bool:
+        """Whether the supervisor process still runs."""
         return self._process.poll() is None
 
     @property
     def returncode(self) -> int | None:
+        """Its exit status once it has exited (negative: killed by that signal)."""
         return self._process.poll()
 
     def wait(self, timeout: float | None = None) -> int | None:

@@ -18,9 +18,17 @@ from .db.partial import InStates, KeyField, PartialIndex, UniqueUnlessNull
 class ExecutionStatus(models.TextChoices):
     """The public status of a worker's execution on one source row."""
 
+    #: Claimed: a handler runs it now, under a lease.
     WORKING = "WORKING", "working"
+    #: To be run again (not before its delay): the handler returned ``Unfinished()``, or
+    #: the unit was released or reset.
     UNFINISHED = "UNFINISHED", "unfinished"
+    #: The handler returned ``Finished()``: not offered again without a reset
+    #: (``dbworker reset --finished``).
     FINISHED = "FINISHED", "finished"
+    #: The handler raised, or its unit crashed (killed its process, lost its lease)
+    #: ``MAX_CRASHES`` times: not offered again until it is reset
+    #: (``Worker.reset_failed()``, the admin, ``dbworker retry``).
     FAILED = "FAILED", "failed"
 
 

@@ -19,8 +19,13 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Unfinished:
-    """Call the handler again for this unit later, not before ``delay`` has passed."""
+    """Call the handler again for this unit later, not before ``delay`` has passed.
 
+    ``delay`` is seconds or a ``timedelta``, at most ten years (None: it may be claimed
+    again at once). A bad one raises ``TypeError`` or ``ValueError`` naming it.
+    """
+
+    #: Seconds or a timedelta; None: no delay.
     delay: float | timedelta | None = None
 
     def __post_init__(self) -> None:
@@ -29,6 +34,7 @@ class Unfinished:
 
     @property
     def seconds(self) -> float:
+        """The delay in seconds (0.0 without one)."""
         if self.delay is None:
             return 0.0
         if isinstance(self.delay, timedelta):
@@ -37,6 +43,7 @@ class Unfinished:
 
 
 type Outcome = Finished | Unfinished
+"""What a handler returns: ``Finished()`` or ``Unfinished()`` (for type hints)."""
 
 
 def _checked_seconds(delay: object, where: str) -> float:
@@ -62,10 +69,15 @@ class Snooze(Exception):
     task's ``max_snoozes`` (default 100) and a snooze counts as a failed attempt
     (``SnoozeLimitExceeded``), retried like any other. A bad delay raises ``TypeError`` or
     ``ValueError`` here, naming it: that attempt fails with that message.
+
+    A row-as-queue handler may raise it too: its execution becomes UNFINISHED as with
+    ``Unfinished(delay=...)``, but a transactional handler's writes are rolled back.
     """
 
     def __init__(self, delay: float | timedelta) -> None:
+        #: The delay in seconds.
         self.seconds = _checked_seconds(delay, f"Snooze({delay!r})")
+        #: The delay as given.
         self.delay = delay
         super().__init__(delay)
 

@@ -30,13 +30,19 @@ class PauseInfo:
     """One pause: ``kind`` ("queue" or "worker"), ``name``, ``since``, ``reason``; ``new``
     is False when it was paused already (``pause()`` keeps the first time and reason)."""
 
+    #: "queue" or "worker".
     kind: str
+    #: The queue's or the worker's name.
     name: str
+    #: When it was paused.
     since: datetime
+    #: Why, as given to ``pause()`` ("" for none).
     reason: str
+    #: True when this ``pause()`` paused it; False when it was paused already.
     new: bool = False
 
     def as_dict(self) -> dict[str, Any]:
+        """``kind``, ``name``, ``since`` and ``reason`` as a dict (the CLI's JSON)."""
         return {"kind": self.kind, "name": self.name, "since": self.since,
                 "reason": self.reason}
 
@@ -80,7 +86,11 @@ def target(queue: str | None = None, worker: str | None = None, *,
 def pause(queue: str | None = None, worker: str | None = None, reason: str = "") -> PauseInfo:
     """Pause the task queue ``queue`` or the row worker ``worker``: supervisors stop
     claiming from it (within a second on PostgreSQL, within ``POLL_INTERVAL`` elsewhere).
-    Pausing what is paused already changes nothing and returns that pause (``new`` False)."""
+    Pausing what is paused already changes nothing and returns that pause (``new`` False).
+
+    Name exactly one of ``queue`` and ``worker``; ``reason`` (at most 255 characters) is
+    shown by the admin and the CLI. An unknown name raises ``InvalidPause``, naming the
+    queues or workers there are; nothing is written then."""
     kind, name = target(queue, worker)
     reason = str(reason)
     if len(reason) > REASON_MAX:

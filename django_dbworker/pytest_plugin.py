@@ -38,6 +38,7 @@ def dbworker_run(db: None) -> Callable[..., Any]:
 
 @pytest.fixture
 def enqueued() -> Iterator[Enqueued]:
+    """An ``Enqueued`` recording every task enqueued during the test."""
     from .testing import record
 
     with record() as recorded:
@@ -46,6 +47,7 @@ def enqueued() -> Iterator[Enqueued]:
 
 @pytest.fixture
 def dbworker_clock() -> Iterator[Clock]:
+    """A ``Clock`` frozen at the test's start; ``advance()`` moves it (time-machine)."""
     from .testing import frozen_time
 
     try:
@@ -57,6 +59,7 @@ def dbworker_clock() -> Iterator[Clock]:
 
 @pytest.fixture
 def dbworker_schedules(db: None) -> Schedules:
+    """``Schedules``: ``tick()`` enqueues the cron ticks due since the last call."""
     from .testing import Schedules
 
     return Schedules()

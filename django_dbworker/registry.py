@@ -48,6 +48,7 @@ class Worker:
         retry_for: tuple[type[BaseException], ...] = (Exception,),
         timeout: float | timedelta | None = None,
     ) -> None:
+        #: The decorated function.
         self.handler = handler
         #: Seconds a handler may run before its process is stopped (``HandlerTimeout``).
         self.timeout = timeout
@@ -59,16 +60,23 @@ class Worker:
         self.retry_backoff_factor = retry_backoff_factor
         self.retry_max_delay = retry_max_delay
         self.retry_jitter = retry_jitter
+        #: The exception classes whose raise is retried (subclasses too).
         self.retry_for = retry_for
+        #: The worker's name: it identifies the worker in the database, the CLI and the admin.
         self.name = name
+        #: The model whose rows are the queue.
         self.source = source
         self._eligible = eligible
+        #: At most this many units of this worker run at once per supervisor.
         self.concurrency = concurrency
         #: At most this many units of one key WORKING at once on every supervisor; the key
         #: is the source row's field ``concurrency_key`` (None: one key for the worker).
         self.concurrency_limit = concurrency_limit
+        #: The name of the source row's field whose value is the key of ``concurrency_limit``.
         self.concurrency_key = concurrency_key
+        #: Whether the handler runs inside the transaction that records its outcome.
         self.transactional = transactional
+        #: Whether the handler takes a second argument, the ``Context``.
         self.takes_context = _count_parameters(name, handler) == 2
         self.__doc__ = handler.__doc__
         self.__wrapped__ = handler
@@ -156,6 +164,8 @@ class Registry(Mapping[str, Worker]):
         return [w for w in self._workers.values() if w.source._meta.concrete_model is concrete]
 
 
+#: Every registered worker by name: ``workers["make_thumbnail"]`` is its ``Worker`` (an
+#: unknown name raises ``UnknownWorker``, naming the registered ones).
 workers = Registry()
 
 
@@ -179,6 +189,13 @@ def worker(
     timeout: float | timedelta | None = None,
 ) -> Any:
     """Register a handler that processes every eligible row of ``source`` once.
+
+    Use it as ``@worker(source=Model, ...)`` in an installed app's ``workers.py``; it
+    returns the ``Worker``. The handler takes the row, or the row and a ``Context``, and
+    returns an ``Outcome``. ``name`` defaults to the function's name and must match
+    ``^[a-z][a-z0-9_]*$`` (at most 100 characters). ``transactional=True`` runs the
+    handler inside the transaction that records its outcome. A bad declaration raises
+    ``InvalidWorker`` saying what to change.
 
     ``eligible`` is a QuerySet of ``source`` (or a callable returning one) saying which rows
     may be claimed next, and in what order. ``concurrency`` caps how many units of this

@@ -184,7 +184,16 @@ def cron(
     misfire: str = "skip",
     misfire_window: float | timedelta = 3600.0,
 ) -> Callable[[Task], Task]:
-    """Run the decorated ``django.tasks`` task on a cron schedule (put it above ``@task``)."""
+    """Run the decorated ``django.tasks`` task on a cron schedule (put it above ``@task``).
+
+    ``expression`` has five fields, or six with seconds last. ``name`` defaults to the
+    task's dotted path; ``args`` and ``kwargs`` (JSON) go to every run; ``timezone``
+    defaults to ``TIME_ZONE`` (else UTC). ``misfire`` says what becomes of ticks missed
+    while no supervisor ran: ``"skip"`` them, enqueue the ``"latest"`` or ``"all"`` of
+    those within ``misfire_window`` (seconds or a timedelta, at most 31 days). Each tick
+    is enqueued once, however many supervisors run. A bad schedule raises
+    ``ImproperlyConfigured`` naming it.
+    """
 
     def decorate(task: Task) -> Task:
         if not isinstance(task, Task):

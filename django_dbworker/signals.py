@@ -24,12 +24,18 @@ from django.dispatch import Signal
 
 from .logs import log_event
 
+#: Sent before a row unit's handler runs: ``execution_id``, ``source_id``, ``attempt``.
 execution_started = Signal()
+#: Sent after a row unit's outcome was recorded: also ``outcome`` ("finished",
+#: "unfinished").
 execution_finished = Signal()
+#: Sent after a row handler's raise was recorded: also ``error`` (``exception_class``,
+#: ``message``, ``traceback``) and ``will_retry``.
 execution_failed = Signal()
 
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send ``signal`` robustly: a receiver that raises is logged, never propagated."""
     for receiver, answer in signal.send_robust(sender, **kwargs):
         if isinstance(answer, BaseException):
             log_event(logging.ERROR, "signal_receiver_failed",

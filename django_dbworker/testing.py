@@ -105,6 +105,7 @@ class Enqueued:
     ``TestCase``: under ``captureOnCommitCallbacks(execute=True)``) and an idempotency
     key that found its holder adds nothing."""
 
+    #: The results of every task enqueued while it recorded, in enqueue order.
     results: list[TaskResult] = field(default_factory=list)
 
     def _add(self, sender: Any, task_result: TaskResult, **kwargs: Any) -> None:
@@ -115,6 +116,7 @@ class Enqueued:
         return [r for r in self.results if r.task.module_path == task.module_path]
 
     def calls(self, task: Task) -> list[tuple[list[Any], dict[str, Any]]]:
+        """``(args, kwargs)`` of each call of ``task``, in enqueue order."""
         return [(list(r.args), dict(r.kwargs)) for r in self.of(task)]
 
     def assert_enqueued(self, task: Task, *args: Any, **kwargs: Any) -> TaskResult:
@@ -131,12 +133,14 @@ class Enqueued:
         )
 
     def assert_not_enqueued(self, task: Task) -> None:
+        """AssertionError, listing the calls, if ``task`` was enqueued at all."""
         seen = self.calls(task)
         if seen:
             raise AssertionError(f"{task.module_path} was enqueued {len(seen)} time(s): "
                                  + "; ".join(f"args={a!r}, kwargs={k!r}" for a, k in seen))
 
     def clear(self) -> None:
+        """Forget what was recorded so far (recording goes on)."""
         self.results.clear()
 
 
@@ -165,6 +169,7 @@ class Clock:
         self._traveller = traveller
 
     def now(self) -> datetime:
+        """The time it stands at (what ``timezone.now()`` returns meanwhile)."""
         return timezone.now()
 
     def advance(self, by: float | timedelta) -> datetime:
@@ -236,28 +241,35 @@ class DBWorkerTestMixin:
 
     def runUntilIdle(self, worker_names: Iterable[str] | None = None, *,
                      tasks: bool | None = None) -> Counter[str]:
+        """``run_until_idle(worker_names, tasks=tasks)``."""
         return run_until_idle(worker_names, tasks=tasks)
 
     @contextmanager
     def captureEnqueued(self) -> Iterator[Enqueued]:
+        """A context manager recording the tasks enqueued inside it (``Enqueued``); the
+        assertions below read the last one."""
         with record() as enqueued:
             self._dbworker_enqueued = enqueued
             yield enqueued
 
     def assertEnqueued(self, task: Task, *args: Any, **kwargs: Any) -> TaskResult:
+        """``Enqueued.assert_enqueued`` on the last capture."""
         if self._dbworker_enqueued is None:
             raise AssertionError("assertEnqueued() needs a capture first: "
                                  "with self.captureEnqueued(): ...")
         return self._dbworker_enqueued.assert_enqueued(task, *args, **kwargs)
 
     def assertNotEnqueued(self, task: Task) -> None:
+        """``Enqueued.assert_not_enqueued`` on the last capture."""
         if self._dbworker_enqueued is None:
             raise AssertionError("assertNotEnqueued() needs a capture first: "
                                  "with self.captureEnqueued(): ...")
         self._dbworker_enqueued.assert_not_enqueued(task)
 
     def freezeTime(self, start: datetime | None = None) -> Any:
+        """``frozen_time(start)``: ``with self.freezeTime() as clock: ...``."""
         return frozen_time(start)
 
     def cronSchedules(self) -> Schedules:
+        """``Schedules()``: the cron schedules, ticked by the test."""
         return Schedules()

@@ -1,8 +1,9 @@
 # shellcheck shell=bash
 # Sourced by scripts/test and scripts/demo: find Python >= 3.12, then make sure the
 # project's virtualenv (.venv in the project root) exists and has
-# `pip install -e ".[dev,example]"` of the current pyproject.toml (the example extra is
-# what example_project/ needs: scripts/demo runs it, scripts/test tests it). Afterwards
+# `pip install -e ".[dev,example,docs]"` of the current pyproject.toml (the example extra
+# is what example_project/ needs: scripts/demo runs it, scripts/test tests it; the docs
+# extra builds the documentation site, which scripts/test does). Afterwards
 # $ROOT is the project root, $VENV the virtualenv, $PY its python, and $VENV/bin is first
 # on PATH. _dbw_mysqlclient installs the MariaDB/MySQL driver when a script needs it.
 #
@@ -13,7 +14,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 MIN_PYTHON="3.12"
-_DBW_EXTRAS="dev,example"
+_DBW_EXTRAS="dev,example,docs"
 
 _dbw_say() { printf '%s\n' "$*" >&2; }
 

@@ -31,19 +31,26 @@ OUR_ATTRS = ("dbworker_status", "progress", "progress_message", "idempotency_key
 class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
     """A TaskResult that also carries our own status (RETRYING, CANCELLED) and progress."""
 
+    #: Our status, finer than Django's ``status``: RETRYING (Django: READY) and CANCELLED
+    #: (Django: FAILED) besides READY, RUNNING, SUCCESSFUL and FAILED.
     dbworker_status: TaskStatus = TaskStatus.READY
+    #: The last ``set_progress()`` of the task, 0 to 100 (None: none yet).
     progress: float | None = None
+    #: The message of that ``set_progress()``.
     progress_message: str = ""
+    #: The key given with ``.using(idempotency_key=...)``, if any.
     idempotency_key: str | None = None
     #: Times the task raised ``Snooze`` (not attempts: ``attempts`` does not count them).
     snoozes: int = 0
 
     def refresh(self) -> None:
+        """Read the task's row again: status, result, errors, progress, ..."""
         fresh = self.task.get_backend().get_result(self.id)
         for attr in (*TASK_REFRESH_ATTRS, *OUR_ATTRS):
             object.__setattr__(self, attr, getattr(fresh, attr))
 
     async def arefresh(self) -> None:
+        """``refresh()`` for async code."""
         fresh = await self.task.get_backend().aget_result(self.id)
         for attr in (*TASK_REFRESH_ATTRS, *OUR_ATTRS):
             object.__setattr__(self, attr, getattr(fresh, attr))

@@ -474,7 +474,12 @@ def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> i
 
 
 def cancel(result_id: Any) -> bool:
-    """Cancel a waiting task now, or ask the supervisor running it to stop it."""
+    """Cancel a waiting task now, or ask the supervisor running it to stop it.
+
+    True if the task was cancelled or is being stopped, False if it had finished already;
+    ``TaskResultDoesNotExist`` for an unknown id. A cancelled task ends CANCELLED (Django
+    sees FAILED) with ``TaskCancelled`` in its errors.
+    """
     using = _alias()
     row = get(result_id)
     if row is None:
