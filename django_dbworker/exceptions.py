@@ -121,3 +121,7 @@ class ResultTimeout(DBWorkerError, TimeoutError):
 class HandlerTimeout(DBWorkerError, TimeoutError):
     """A row handler ran longer than its ``@worker(timeout=...)`` and its process was
     stopped (the class path recorded in the execution's failure)."""
+
+
+class CannotForget(DBWorkerError):
+    """``result.forget()`` of a task that runs now, or that other tasks wait for."""

@@ -65,6 +65,15 @@ class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
 
         return wait(self, timeout)
 
+    def forget(self) -> bool:
+        """Delete the task's row now, as retention would later: its result, errors and
+        uniqueness key go, and ``get_result()`` no longer finds it. True if it was there.
+        A waiting task is deleted before it runs (it never runs); a RUNNING one, or one
+        that other tasks wait for, is refused (``CannotForget``)."""
+        from .forget import forget
+
+        return forget(self.id)
+
     async def aget(self, timeout: float | None = None) -> Any:
         """``get()`` for async code: the same wait without blocking the event loop."""
         from .waiting import await_end
