@@ -63,10 +63,21 @@ def test_any_unregistered_path_fails_cleanly(side_effect, path):
     assert len(row.errors[0]["message"]) < 700
 
 
-def test_reading_a_tampered_row_imports_nothing(side_effect):
+def test_reading_a_tampered_row_imports_nothing_and_gives_its_result(side_effect):
+    """get_result() of a row whose function is unknown returns its stored result (issue
+    21: it raised UnknownTask), with a stand-in task named by the row's path; once run, the
+    failure's traceback says where the lookup failed (it was empty)."""
     row = tampered(HIDDEN_TASK)
+    result = default_task_backend.get_result(str(row.pk))
+    assert result.task.module_path == HIDDEN_TASK and result.status == "READY"
     with pytest.raises(UnknownTask, match=f"'{HIDDEN_TASK}' is not a registered task"):
-        default_task_backend.get_result(str(row.pk))
+        result.task.call()
+    assert run_until_idle() == {"failed": 1}
+    result = default_task_backend.get_result(str(row.pk))
+    assert result.status == "FAILED"
+    (error,) = result.errors
+    assert error.exception_class_path == "django_dbworker.exceptions.UnknownTask"
+    assert "UnknownTask" in error.traceback and "resolve" in error.traceback
 
 
 def test_registered_tasks_still_run():

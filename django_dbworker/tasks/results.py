@@ -85,8 +85,8 @@ def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorker
     if task is None:
         try:
             task = task_registry.resolve(row.task_path)
-        except UnknownTask as exc:
-            raise UnknownTask(f"Task result {row.pk}: {exc}") from None
+        except UnknownTask:
+            task = stand_in(row, alias)  # its result is still the row's
     overrides: dict[str, Any] = {"priority": row.priority, "queue_name": row.queue_name}
     if row.run_after is not None:
         overrides["run_after"] = row.run_after
@@ -113,6 +113,27 @@ def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorker
     )
     object.__setattr__(result, "_return_value", row.return_value)
     return result
+
+
+def stand_in(row: TaskRecord, alias: str) -> Task:
+    """A ``Task`` standing for a row whose function is not a registered task in this
+    process (written by another program, or by a deploy that had a task this one lacks):
+    its ``module_path`` is the row's path, and calling it raises ``UnknownTask``. Nothing
+    is imported, and nothing validates it (its queue may be one this backend lacks)."""
+    path = row.task_path
+    module, _, name = path.rpartition(".")
+
+    def unknown(*args: Any, **kwargs: Any) -> Any:
+        raise UnknownTask(f"{path!r} is not a registered task in this process.")
+
+    unknown.__module__ = module
+    unknown.__name__ = unknown.__qualname__ = name or path
+    task = object.__new__(Task)
+    for attribute, value in (("func", unknown), ("priority", row.priority),
+                             ("backend", alias), ("queue_name", row.queue_name),
+                             ("run_after", row.run_after), ("takes_context", False)):
+        object.__setattr__(task, attribute, value)
+    return task
 
 
 class InvalidTaskRow(DBWorkerError):

@@ -56,8 +56,8 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
         return _result(c, LOST, started, "the task row is gone or was taken over")
     try:
         task = task_registry.resolve(c.task_path)
-    except UnknownTask as exc:
-        return _unrunnable(c, FailureInfo.of(exc), started)
+    except UnknownTask as exc:  # with where it was looked up: the traceback is not empty
+        return _unrunnable(c, FailureInfo.caught(exc), started)
     except Exception as exc:  # whatever resolving raised: the row's fault, not the child's
         return _unrunnable(c, FailureInfo(
             class_path(exc), f"looking up the task {c.task_path!r} raised "
