@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,3 +22,18 @@ class Context:
     attempt: int
     #: The claim expires then unless renewed; the supervisor renews it while you run.
     lease_expires_at: datetime
+
+    def released(self) -> AbstractContextManager[bool]:
+        """A transactional handler computes for long without holding its transaction:
+
+        ``with context.released(): result = compute(data)``
+
+        The transaction the handler read in is rolled back (keep what you read in Python;
+        write after the block), so it holds no row lock and no snapshot, and on SQLite not
+        the write lock; on leaving, a new transaction begins, in which the handler's writes
+        commit with the unit's status, fenced by its claim as ever. Yields False where
+        nothing is released: a ``transactional=False`` worker, or a unit run inside an
+        outer transaction (``run_until_idle()`` in a ``TestCase``)."""
+        from .rows.released import released
+
+        return released()

@@ -218,6 +218,18 @@ class Engine:
         """A value that changes if the current transaction ends and another begins."""
         return None
 
+    def end_read_transaction(self, connection: BaseDatabaseWrapper) -> None:
+        """Roll back the transaction a transactional handler is in (``Context.released``),
+        under Django's feet: its atomic block stays open and a new transaction begins with
+        ``begin_write_transaction``."""
+        raw = connection.connection
+        if raw is not None:
+            raw.rollback()
+
+    def begin_write_transaction(self, connection: BaseDatabaseWrapper) -> None:
+        """Begin the transaction after ``end_read_transaction`` (where the driver begins one
+        by itself at the next statement, nothing)."""
+
     def mark_transaction(self, connection: BaseDatabaseWrapper) -> Any:
         """``transaction_marker`` at the start of a transactional handler's transaction
         (where ``marker_sql`` is None): an engine may set a mark up here."""

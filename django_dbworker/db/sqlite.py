@@ -157,6 +157,11 @@ class SQLite(Engine):
 
     # ----- the transaction of a transactional handler ----------------------------------
 
+    def begin_write_transaction(self, connection: BaseDatabaseWrapper) -> None:
+        """SQLite runs each statement in its own transaction until BEGIN: take the write
+        lock again as the handler's transaction began (BEGIN IMMEDIATE, short waits)."""
+        cast(_Beginning, connection)._start_transaction_under_autocommit()
+
     def transaction_marker(self, connection: BaseDatabaseWrapper) -> Any:
         """Whether a transaction is open: after a COMMIT through a cursor, the completion
         UPDATE would run and commit on its own. It costs nothing."""

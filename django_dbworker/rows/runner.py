@@ -24,7 +24,7 @@ from ..logs import log_event
 from ..outcomes import Finished, Result, RunOutcome, Snooze, Unfinished
 from ..registry import Worker, workers
 from ..tasks import retry
-from . import keys, pending, store
+from . import keys, pending, released, store
 from .store import Claim, FailureInfo
 
 logger = logging.getLogger("django_dbworker")
@@ -136,7 +136,13 @@ def _run_in_transaction(worker: Worker, c: Claim) -> RunOutcome:
     connection = connections[using]
     check = TransactionCheck(using)
     with transaction.atomic(using=using):
-        outcome = _call(worker, c, _source(worker, c, using, check))
+        source = _source(worker, c, using, check)
+        token = released.point.set(released.Point(using, check,
+                                                  len(connection.atomic_blocks)))
+        try:
+            outcome = _call(worker, c, source)
+        finally:
+            released.point.reset(token)
         if connection.closed_in_transaction or connection.connection is None:
             raise HandlerTransactionError(
                 f"worker {worker.name!r} closed the database connection inside its "

@@ -323,3 +323,22 @@ def timed(item):
     """``@worker(timeout=1)`` retrying a timeout once (test_row_retries.py): "sleep:N" runs
     too long every time, "sleep_first:N" only the first time."""
     return _act(item, "timed")
+
+
+#: test_released.py sets it: called inside ``context.released()`` with what it yielded.
+RELEASED_PROBE = None
+
+
+@worker(source=Item, eligible=Item.objects.filter(kind="compute"))
+def compute(item, context):
+    """A long computation outside the transaction (``context.released()``), then a write
+    that commits with the status (test_released.py)."""
+    read = item.action
+    if read == "nested":  # refused: inside an atomic block of the handler's own
+        with transaction.atomic(), context.released():
+            pass
+    with context.released() as free:
+        if RELEASED_PROBE is not None:
+            RELEASED_PROBE(free, context)
+    Effect.objects.create(item_id=item.pk, worker="compute", note=f"{read} {free}")
+    return Finished()
