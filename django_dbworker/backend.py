@@ -93,6 +93,10 @@ class DBWorkerTask(Task):
     concurrency_key: str | Callable[..., str] | None = None
     #: Times a task may ``raise Snooze(...)`` before a snooze counts as a failed attempt.
     max_snoozes: int = 100
+    #: Run the task in a transaction on our database that commits with its SUCCESSFUL
+    #: record, fenced by its claim: its database writes happen exactly once, whatever
+    #: crashes (docs/tasks.md, "Transactional tasks"). Not batched with other completions.
+    transactional: bool = False
     _schedule: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
@@ -564,6 +568,9 @@ def _validate_options(where: str, task: DBWorkerTask) -> None:
         if callback is not None and not (callable(callback) or isinstance(callback, str)):
             raise InvalidTask(f"{where}: {name}={callback!r} must be a callable or a dotted "
                               "path to one.")
+    if not isinstance(task.transactional, bool):
+        raise InvalidTask(f"{where}: transactional={task.transactional!r} must be True or "
+                          "False.")
     if task.enqueue_on_commit is not None and not isinstance(task.enqueue_on_commit, bool):
         raise InvalidTask(f"{where}: enqueue_on_commit={task.enqueue_on_commit!r} must be "
                           "True, False or None.")

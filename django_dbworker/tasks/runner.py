@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.tasks import TaskContext, TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_finished, task_started
@@ -76,6 +76,11 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
     # ended its session makes Django open a new one at once, which answers, so only the
     # comparison with this one tells a lost session from the task's own error.
     raw = _raw_connection()
+    if getattr(task, "transactional", False):
+        try:
+            return _run_in_transaction(task, c, result, row, started, raw, unit)
+        finally:
+            progress.current.reset(token)
     try:
         try:
             value = _call(task, result, row.args, row.kwargs)
@@ -106,6 +111,39 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
         return after(bool(recorded))
     finally:
         progress.current.reset(token)
+
+
+class _NotRecorded(Exception):
+    """A transactional task's success could not be recorded (its claim is gone): its
+    writes roll back with it."""
+
+
+def _run_in_transaction(task: Any, c: TaskClaim, result: Any, row: Any, started: float,
+                        raw: Any, unit: progress.Unit) -> Result:
+    """``@task(transactional=True)``: the call and the SUCCESSFUL record in one transaction
+    on our database, the record fenced by the claim's token (and lease where the engine
+    checks it); a raise, a lost claim or a crash rolls the task's writes back."""
+    using = conf.get().DATABASE
+    try:
+        with transaction.atomic(using=using):
+            value = _json_value(task, _call(task, result, row.args, row.kwargs))
+            finished = timezone.now()
+            with recording("its return value"):
+                if not taskstore.succeed(c, value, at=finished):
+                    raise _NotRecorded
+    except _NotRecorded:
+        return _result(c, LOST, started, LOST_WHY + "; its writes were rolled back")
+    except Snooze as exc:
+        return _snoozed(task, c, row.snoozes, exc, started)
+    except (OperationalError, InterfaceError) as exc:
+        if not connected(using, raw):
+            raise
+        return _failed(task, c, exc, started)
+    except BaseException as exc:
+        return _failed(task, c, exc, started)
+    _callback(task, "on_success", c, value)
+    _finished_signal(task, c, result=_succeeded(result, value, finished, unit))
+    return _result(c, SUCCESSFUL, started, ran=time.monotonic() - started)
 
 
 def _unrunnable(c: TaskClaim, info: FailureInfo, started: float) -> Result:

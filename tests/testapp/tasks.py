@@ -338,3 +338,58 @@ if os.environ.get("DBWORKER_TEST_CONCURRENCY"):  # the supervisors of test_concu
 def unique_and_limited(account, n):
     """test_uniqueness: unique per call and one running per account."""
     return n
+
+
+# ----- transactional tasks (tests/test_transactional_tasks.py) ---------------------------------
+
+
+def _effect(context, item_id, sleep_first, name):
+    Effect.objects.create(item_id=item_id, worker=name, pid=os.getpid(),
+                          note=str(context.attempt))
+    if sleep_first and context.attempt == 1:
+        time.sleep(sleep_first)
+    return item_id
+
+
+@task(transactional=True, takes_context=True)
+def effect_once(context, item_id, sleep_first=0):
+    """Writes an Effect, on its first attempt then sleeps: exactly once with transactional."""
+    return _effect(context, item_id, sleep_first, "effect_once")
+
+
+@task(takes_context=True)
+def effect_plain(context, item_id, sleep_first=0):
+    """The same without transactional=True: at least once."""
+    return _effect(context, item_id, sleep_first, "effect_plain")
+
+
+@task(transactional=True)
+def effect_then_raise(item_id):
+    Effect.objects.create(item_id=item_id, worker="effect_then_raise")
+    raise ValueError("after writing")
+
+
+@task(transactional=True, takes_context=True)
+def effect_then_stolen(context, item_id):
+    """Writes an Effect, then its claim is taken over (its token changed by another
+    connection, as a reaper and a new claim would): the record is refused."""
+    import threading
+
+    from django.db import connections
+
+    from django_dbworker.models import TaskRecord
+
+    Effect.objects.create(item_id=item_id, worker="effect_then_stolen")
+
+    def steal():
+        try:
+            import uuid
+
+            TaskRecord.objects.filter(pk=context.task_result.id).update(token=uuid.uuid4())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=steal)
+    thread.start()
+    thread.join(30)
+    return item_id
