@@ -31,7 +31,7 @@ def test_the_last_two_dependencies_end_at_once_in_two_supervisors(runworkers):
         at = time.time() + (AHEAD if n else 5)  # the first waits for both to start
         a, b = tasks.until.enqueue(at), tasks.until.enqueue(at)
         joins.append(tasks.join_effect.using(after=[a, b]).enqueue(n))
-        wait_for(lambda: TaskRecord.objects.filter(  # noqa: B023 - this round's
+        wait_for(lambda: TaskRecord.objects.filter(
             pk=joins[-1].id, status=TaskStatus.SUCCESSFUL).exists(), timeout=30,
             what=f"round {n}")
     for p in (first, second):
