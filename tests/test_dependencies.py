@@ -327,3 +327,74 @@ def test_idempotency_key_returns_the_holder_without_new_edges():
     assert row(first).waiting_for == 1
     run_until_idle()
     assert status(first) == TaskStatus.SUCCESSFUL
+
+
+# ----- every end releases --------------------------------------------------------------
+
+
+def test_a_running_dependency_cancelled_by_its_supervisor_cancels_its_dependents():
+    """The supervisor's record of a cancel (and of a timeout) is ``fail_attempt`` with the
+    claim's token: the dependents are resolved in its transaction."""
+    from django_dbworker.rows.store import Claimant, FailureInfo
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.add.enqueue(1, 1)
+    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    b = tasks.add.using(after=[a]).enqueue(2, 2)
+    import django_dbworker
+
+    assert django_dbworker.cancel(a.id)  # asks the supervisor to stop it
+    assert status(b) == TaskStatus.WAITING
+    assert taskstore.fail_attempt(claim, FailureInfo("x.TaskCancelled", "stopped"),
+                                  retry_at=None, status=TaskStatus.CANCELLED) == 1
+    assert status(b) == TaskStatus.CANCELLED
+
+
+def test_a_dependency_that_crashed_too_often_cancels_its_dependents():
+    from django_dbworker.rows.store import Claimant, FailureInfo
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.add.enqueue(1, 1)
+    b = tasks.add.using(after=[a]).enqueue(2, 2)
+    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    assert taskstore.release(claim, crashed=FailureInfo("x.ChildProcessDied", "killed"),
+                             max_crashes=1) == 1
+    assert status(a) == TaskStatus.FAILED and status(b) == TaskStatus.CANCELLED
+
+
+def test_a_dependency_given_back_after_a_crash_releases_nothing():
+    from django_dbworker.rows.store import Claimant, FailureInfo
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.add.enqueue(1, 1)
+    b = tasks.add.using(after=[a]).enqueue(2, 2)
+    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    taskstore.release(claim, crashed=FailureInfo("x.ChildProcessDied", "killed"),
+                      max_crashes=3)
+    assert status(a) == TaskStatus.READY and status(b) == TaskStatus.WAITING
+    run_until_idle()
+    assert status(b) == TaskStatus.SUCCESSFUL
+
+
+def test_an_unknown_task_path_fails_and_cancels_its_dependents():
+    a = tasks.add.enqueue(1, 1)
+    b = tasks.add.using(after=[a]).enqueue(2, 2)
+    TaskRecord.objects.filter(pk=a.id).update(task_path="tests.testapp.tasks.gone")
+    run_until_idle()
+    assert status(a) == TaskStatus.FAILED and status(b) == TaskStatus.CANCELLED
+
+
+def test_a_uniqueness_key_and_a_concurrency_limit_with_dependencies():
+    from tests.testapp.concurrency_tasks import conc_account
+
+    a = tasks.add.enqueue(1, 1)
+    keyed = conc_account.using(after=[a]).enqueue_many([(("acme", i), {}) for i in range(3)])
+    assert {status(r) for r in keyed} == {TaskStatus.WAITING}
+    assert all(row(r).concurrency_key for r in keyed)
+    first = tasks.add.using(after=[a], unique_key="u1").enqueue(1, 1)
+    again = tasks.add.using(after=[a], unique_key="u1").enqueue(1, 1)
+    assert again.id == first.id and status(first) == TaskStatus.WAITING
+    assert TaskDependency.objects.filter(dependent_id=first.id).count() == 1
+    run_until_idle()
+    assert status(first) == TaskStatus.SUCCESSFUL
+    assert {status(r) for r in keyed} == {TaskStatus.SUCCESSFUL}
