@@ -434,3 +434,22 @@ def test_a_row_dependency_is_stored_as_an_edge_on_the_row():
     assert broken.dbworker_status == TaskStatus.CANCELLED
     message = row(broken).failure_dicts()[0]["message"]
     assert f"row touch[{failed_row.pk}] ended FAILED" in message
+
+
+def test_a_fan_out_and_fan_in_of_more_than_a_chunk(monkeypatch):
+    """One root, many dependents released by one end (statements of ``CHUNK`` ids), and
+    one join after all of them."""
+    from django_dbworker.workflows import release
+
+    monkeypatch.setattr(release, "CHUNK", 7)
+    root = tasks.add.enqueue(0, 0)
+    later = timezone.now() + timedelta(hours=1)
+    fan = tasks.add.using(after=[root]).enqueue_many([((i, 0), {}) for i in range(20)])
+    delayed = tasks.add.using(after=[root], run_after=later).enqueue(1, 1)
+    join = tasks.join_effect.using(after=fan).enqueue(99)
+    assert row(join).waiting_for == 20
+    run_until_idle()
+    assert status(join) == TaskStatus.SUCCESSFUL
+    assert row(join).return_value == list(range(20))
+    stored = row(delayed)
+    assert stored.status == TaskStatus.READY and stored.available_at == later
