@@ -13,6 +13,7 @@ __all__ = [
     "Unfinished",
     "cancel",
     "cron",
+    "dependency_results",
     "execution_status",
     "has_execution_status",
     "pause",
@@ -36,10 +37,12 @@ if TYPE_CHECKING:
     from .scheduling import cron
     from .status import execution_status, has_execution_status
     from .tasks.store import cancel
+    from .workflows.results import dependency_results
 
 _LAZY = {
     "cancel": ("tasks.store", "cancel"),
     "cron": ("scheduling", "cron"),
+    "dependency_results": ("workflows.results", "dependency_results"),
     "set_progress": ("progress", "set_progress"),
     "start": ("embedding", "start"),
     "pause": ("pausing", "pause"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
+from django.tasks.exceptions import InvalidTask
 
 
 class DBWorkerError(Exception):
@@ -125,3 +126,15 @@ class HandlerTimeout(DBWorkerError, TimeoutError):
 
 class CannotForget(DBWorkerError):
     """``result.forget()`` of a task that runs now, or that other tasks wait for."""
+class InvalidDependency(DBWorkerError, InvalidTask):
+    """``task.using(after=[...])`` names something a task cannot wait for: not a task
+    result or id of this database, a task that does not exist (never enqueued, enqueued
+    in another database, or pruned by retention), or a dependency on itself. Give the
+    ``TaskResult`` of an ``enqueue()`` of a DBWorkerBackend task (or its id), or
+    ``after_row(...)``. Nothing was enqueued."""
+
+
+class DependencyFailed(DBWorkerError):
+    """A task this one waited for (``after=[...]``) ended FAILED or CANCELLED, so this one
+    was cancelled without running. Enqueue it with ``run_on_failure=True`` to run it
+    whatever its dependencies' outcome."""

@@ -16,6 +16,8 @@ from . import registry as task_registry
 
 DJANGO_STATUS = {
     TaskStatus.READY: TaskResultStatus.READY,
+    #: Waits for its dependencies (``after=[...]``): not started yet.
+    TaskStatus.WAITING: TaskResultStatus.READY,
     TaskStatus.RETRYING: TaskResultStatus.READY,
     TaskStatus.RUNNING: TaskResultStatus.RUNNING,
     TaskStatus.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,
@@ -42,6 +44,14 @@ class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
     idempotency_key: str | None = None
     #: Times the task raised ``Snooze`` (not attempts: ``attempts`` does not count them).
     snoozes: int = 0
+
+    @property
+    def dependencies(self) -> list[Any]:
+        """The return values of the tasks this one was enqueued after (``after=[...]``), in
+        that order, read from the database now (``workflows.results``)."""
+        from ..workflows.results import results_of
+
+        return results_of(self.id)
 
     def refresh(self) -> None:
         """Read the task's row again: status, result, errors, progress, ..."""

@@ -393,3 +393,26 @@ def effect_then_stolen(context, item_id):
     thread.start()
     thread.join(30)
     return item_id
+# ----- workflows (tests/test_dependencies.py, test_dependency_races.py) -----------------
+
+
+@task
+def until(at, fail=False):
+    """Returns (or raises, with ``fail``) at the wall-clock instant ``at`` (``time.time()``):
+    two of these end at the same instant in two supervisors. Returns the pid of the
+    process that ran it."""
+    delay = at - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    if fail:
+        raise ValueError("failed on purpose")
+    return os.getpid()
+
+
+@task
+def join_effect(n):
+    """One Effect per run; returns its dependencies' results."""
+    from django_dbworker import dependency_results
+
+    Effect.objects.create(item_id=n, worker="join", pid=os.getpid())
+    return dependency_results()
