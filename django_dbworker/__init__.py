@@ -12,8 +12,10 @@ __all__ = [
     "Snooze",
     "Unfinished",
     "cancel",
+    "chain",
     "cron",
     "execution_status",
+    "group",
     "has_execution_status",
     "pause",
     "paused",
@@ -34,9 +36,12 @@ if TYPE_CHECKING:
     from .scheduling import cron
     from .status import execution_status, has_execution_status
     from .tasks.store import cancel
+    from .workflows.builder import chain, group
 
 _LAZY = {
     "cancel": ("tasks.store", "cancel"),
+    "chain": ("workflows.builder", "chain"),
+    "group": ("workflows.builder", "group"),
     "cron": ("scheduling", "cron"),
     "set_progress": ("progress", "set_progress"),
     "pause": ("pausing", "pause"),

@@ -96,3 +96,14 @@ class InvalidPause(DBWorkerError, ValueError):
     """``pause()`` or ``resume()`` was given something it cannot pause: an unknown queue or
     worker, both or neither, or a reason that is too long. The message names the value and
     the queues or workers there are; nothing was written."""
+
+
+class InvalidWorkflow(DBWorkerError, ValueError):
+    """A workflow was built wrong (``chain``, ``group``, ``task.step``, ``enqueue(name=...,
+    on_complete=...)``, ``enqueue_many(..., workflow=...)``); the message names the item
+    and what to give instead. Nothing was enqueued."""
+
+
+class UnknownWorkflow(DBWorkerError, LookupError):
+    """No workflow has this id (``django_dbworker.workflows.get``, ``dbworker workflow``):
+    check the id (``dbworker workflows`` lists recent ones)."""

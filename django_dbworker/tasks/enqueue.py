@@ -64,6 +64,8 @@ class Shared:
     unique_key: str = ""
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    #: The workflow (or ``enqueue_many`` batch) the rows belong to (``django_dbworker.workflows``).
+    workflow_id: uuid.UUID | None = None
 
     @classmethod
     def of(cls, task: Task) -> Shared:
@@ -73,7 +75,8 @@ class Shared:
             run_after = now + run_after
         return cls(task.module_path, task.backend, task.queue_name, task.priority, run_after,
                    run_after or now, now, getattr(task, "idempotency_key", None),
-                   getattr(task, "_schedule", ""))
+                   getattr(task, "_schedule", ""),
+                   workflow_id=getattr(task, "_workflow_id", None))
 
 
 #: What a new row holds in the columns that nobody sets at enqueue.
@@ -119,7 +122,7 @@ class NewTask:
             status=TaskStatus.READY, run_after=s.run_after, available_at=s.available_at,
             enqueued_at=s.enqueued_at, idempotency_key=s.idempotency_key, schedule=s.schedule,
             unique_key=s.unique_key, concurrency_key=s.concurrency_key,
-            concurrency_limit=s.concurrency_limit,
+            concurrency_limit=s.concurrency_limit, workflow_id=s.workflow_id,
         )
 
 
@@ -139,7 +142,8 @@ def ids(shared: Shared, count: int) -> list[str]:
     """Ids for ``count`` new rows: random (version 4), read from the OS in one call.
 
     A keyed task's id follows from its key, so a result handed out before the row is
-    stored (enqueue on commit) names the task that holds the key, whoever wrote it.
+    stored (enqueue on commit) names the task that holds the key, whoever wrote it. The
+    ids of a workflow's calls are sorted, so that its members read back in call order.
     """
     key = shared.idempotency_key
     if key:
@@ -155,7 +159,11 @@ def ids(shared: Shared, count: int) -> list[str]:
     for digit, place in enumerate(_ID_PLACES):
         text[place::37] = digits[digit::32]
     text[36::37] = b" " * count
-    return text.decode().split()
+    made = text.decode().split()
+    if shared.workflow_id is not None:
+        # A workflow's members read back in call order: by enqueued_at, then id.
+        made.sort()
+    return made
 
 
 _VERSION_4 = bytes(b & 0x0F | 0x40 for b in range(256))
