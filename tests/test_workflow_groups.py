@@ -16,8 +16,10 @@ import django_dbworker
 from django_dbworker import workflows
 from django_dbworker.exceptions import InvalidTaskArguments, InvalidWorkflow, UnknownWorkflow
 from django_dbworker.models import TaskDependency, TaskRecord, TaskStatus, Workflow
+from django_dbworker.testing import run_until_idle
 from django_dbworker.workflows import chain, group
 from tests.testapp import tasks
+from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db
 
@@ -232,3 +234,98 @@ def test_the_workflow_row_and_the_members_commit_together():
         tasks.wf_step.enqueue_many([((1,), {})], workflow="rolled back")
         raise RuntimeError
     assert not Workflow.objects.exists() and not TaskRecord.objects.exists()
+
+
+# ----- end to end (the dependency engine: .using(after=...)) -------------------------------
+
+
+def effects(worker="wf_step"):
+    return list(Effect.objects.filter(worker=worker).order_by("id").values_list(
+        "item_id", flat=True))
+
+
+def statuses(results):
+    found = dict(TaskRecord.objects.filter(pk__in=[r.id for r in results])
+                 .values_list("id", "status"))
+    return [found[uuid.UUID(r.id)] for r in results]
+
+
+def test_a_chain_runs_one_after_the_other():
+    s = tasks.wf_step.step
+    handle = chain(s(1), s(2), s(3)).enqueue(name="abc")
+    assert statuses(handle.results) == [TaskStatus.READY, TaskStatus.WAITING,
+                                        TaskStatus.WAITING]
+    assert {r.workflow_id for r in handle.results} == {handle.id}
+    run_until_idle(tasks=True, worker_names=[])
+    assert effects() == [1, 2, 3]
+    assert statuses(handle.results) == [TaskStatus.SUCCESSFUL] * 3
+    assert handle.done() and handle.progress()["SUCCESSFUL"] == 3
+    assert [r.args for r in workflows.get(handle.id).results] == [[1], [2], [3]]
+
+
+def test_fan_out_then_fan_in():
+    s = tasks.wf_step.step
+    handle = chain(s(0), group(s(1), s(2), s(3)), s(4)).enqueue()
+    assert handle.progress()["WAITING"] == 4 and handle.progress()["READY"] == 1
+    run_until_idle(tasks=True, worker_names=[])
+    ran = effects()
+    assert ran[0] == 0 and ran[-1] == 4 and sorted(ran[1:4]) == [1, 2, 3]
+    # the fan-in waits for each of the group's steps
+    edges = TaskDependency.objects.filter(dependent_id=handle.results[4].id)
+    assert sorted(str(e.dependency_id) for e in edges) == sorted(
+        r.id for r in handle.results[1:4])
+
+
+def test_a_failed_member_cancels_what_waits_for_it_and_the_callback_still_runs_once():
+    s = tasks.wf_step.step
+    handle = chain(group(s(1), s(2, fail=True)), s(3)).enqueue(
+        name="failing", on_complete=tasks.wf_callback.step(label="report"))
+    callback = handle.callback
+    assert callback is not None and callback.dbworker_status == TaskStatus.WAITING
+    assert callback.kwargs == {"label": "report", "workflow_id": handle.id}
+    assert handle.progress()["total"] == 3  # the callback is not a member
+    run_until_idle(tasks=True, worker_names=[])
+    assert statuses(handle.results) == [TaskStatus.SUCCESSFUL, TaskStatus.FAILED,
+                                        TaskStatus.CANCELLED]
+    last = TaskRecord.objects.get(pk=handle.results[2].id)
+    assert last.errors[-1]["exception_class_path"] == \
+        "django_dbworker.exceptions.DependencyFailed"
+    assert list(Effect.objects.filter(worker="wf_callback").values_list("note", flat=True)) \
+        == [handle.id]
+    handle.callback.refresh()
+    assert handle.callback.dbworker_status == TaskStatus.SUCCESSFUL
+    assert handle.callback.return_value == "report"
+
+
+def test_the_callback_waits_for_every_member_not_only_the_last_ones():
+    s = tasks.wf_step.step
+    # 3 waits for 1; 2 is beside them: the callback must wait for 2 as well
+    handle = group(chain(s(1), s(3)), s(2)).enqueue(on_complete=tasks.wf_callback)
+    waits_for = set(TaskDependency.objects.filter(dependent_id=handle.callback.id)
+                    .values_list("dependency_id", "condition"))
+    assert waits_for == {(uuid.UUID(r.id), "ended") for r in handle.results}
+    run_until_idle(tasks=True, worker_names=[])
+    assert Effect.objects.filter(worker="wf_callback").count() == 1
+    assert Effect.objects.filter(worker="wf_callback").get().id > max(
+        Effect.objects.filter(worker="wf_step").values_list("id", flat=True))
+
+
+def test_cancel_a_workflow_cancels_waiting_members_and_the_callback_reports_it():
+    s = tasks.wf_step.step
+    handle = chain(s(1), group(s(2), s(3))).enqueue(on_complete=tasks.wf_callback)
+    assert handle.cancel() == {"cancelled": 3, "stopping": 0}
+    assert statuses(handle.results) == [TaskStatus.CANCELLED] * 3
+    assert all(TaskRecord.objects.get(pk=r.id).errors[-1]["exception_class_path"]
+               == "django_dbworker.exceptions.TaskCancelled" for r in handle.results)
+    run_until_idle(tasks=True, worker_names=[])
+    assert effects() == []
+    assert Effect.objects.filter(worker="wf_callback").count() == 1
+    assert handle.done() and handle.progress()["CANCELLED"] == 3
+
+
+def test_a_group_of_one_task_is_enqueued_in_one_statement_per_thousand():
+    handle = group(*[tasks.wf_step.step(i) for i in range(50)]).enqueue()
+    stamps = set(TaskRecord.objects.filter(workflow_id=handle.id)
+                 .values_list("enqueued_at", flat=True))
+    assert len(stamps) == 1  # one enqueue_many call
+    assert [r.args for r in workflows.get(handle.id).results] == [[i] for i in range(50)]

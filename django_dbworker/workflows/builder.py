@@ -200,8 +200,8 @@ def _enqueue_nodes(nodes: list[Node], workflow_id: uuid.UUID) -> list[DBWorkerTa
                    and nodes[end].step.task == first.step.task):
                 end += 1
         task = _member(first.step.task, workflow_id)
-        if first.after:
-            task = task.using(after=[results[i] for i in first.after])
+        if first.after:  # after what the step was given itself (.using(after=...)), if any
+            task = task.using(after=[*task.after, *(results[i] for i in first.after)])
         calls = [(n.step.args, n.step.kwargs) for n in nodes[start:end]]
         results.extend(task.enqueue_many(calls))
         start = end
@@ -210,7 +210,8 @@ def _enqueue_nodes(nodes: list[Node], workflow_id: uuid.UUID) -> list[DBWorkerTa
 
 def _enqueue_callback(step: Step, workflow_id: uuid.UUID,
                       members: list[DBWorkerTaskResult]) -> DBWorkerTaskResult:
-    task = _member(step.task, workflow_id).using(after=members, run_on_failure=True)
+    task = _member(step.task, workflow_id)
+    task = task.using(after=[*task.after, *members], run_on_failure=True)
     return cast("DBWorkerTaskResult", task.enqueue(
         *step.args, **{**step.kwargs, "workflow_id": str(workflow_id)}))
 
