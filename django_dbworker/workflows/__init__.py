@@ -1,4 +1,9 @@
-"""Workflows: tasks that wait for each other (docs/workflows.md).
+"""Workflows: tasks that wait for other tasks (and rows), docs/workflows.md.
+
+``dependencies`` stores a dependent with its edges (``task.using(after=[...])``);
+``release`` resolves the edges of a task that ends, in the transaction of its final
+status; ``builder`` makes workflows of steps (``chain``, ``group``) and ``handle`` shows
+and cancels them as units.
 
     from django_dbworker.workflows import chain, group
 
