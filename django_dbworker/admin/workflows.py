@@ -101,7 +101,7 @@ class WorkflowAdmin(GuardedActions, QueueTableAdmin):
         progress = handle.progress(obj)
         return format_html(
             '<span class="dbw-workflow-progress">{} of {} ended</span> {} '
-            '<a href="{}?workflow_id={}">all members in the task list</a>',
+            '<a href="{}?workflow_id={}">its tasks (and callback) in the task list</a>',
             sum(progress[s] for s in (TaskStatus.SUCCESSFUL, TaskStatus.FAILED,
                                       TaskStatus.CANCELLED)),
             progress["total"], counts(progress),
