@@ -52,11 +52,20 @@ def get(workflow_id: Any) -> WorkflowHandle:
 
 
 def members(row: Workflow) -> QuerySet[TaskRecord]:
-    """The workflow's members (not its callback), in enqueue order."""
+    """The workflow's members (not its callback), in enqueue order (``in_order`` puts the
+    members of one enqueue call in call order on every database)."""
     qs = TaskRecord.objects.using(_alias()).filter(workflow_id=row.pk)
     if row.callback_id is not None:
         qs = qs.exclude(pk=row.callback_id)
     return qs.order_by("enqueued_at", "id")
+
+
+def in_order(tasks: list[TaskRecord]) -> list[TaskRecord]:
+    """``tasks`` in enqueue order, the members of one enqueue call in call order: the ids
+    of a workflow's calls are made in ascending order of their text
+    (``tasks.enqueue.ids``), which is the database's order of UUIDs on PostgreSQL and
+    SQLite, but not on MariaDB (its UUID type compares the groups in another order)."""
+    return sorted(tasks, key=lambda t: (t.enqueued_at, str(t.pk)))
 
 
 def progress(row: Workflow) -> dict[str, int]:
@@ -164,7 +173,8 @@ class WorkflowHandle:
         if self._results is None:
             from ..tasks.results import to_result
 
-            self._results = [to_result(r, r.backend) for r in members(self.row)]
+            self._results = [to_result(r, r.backend) for r in in_order(list(members(
+                self.row)))]
         return self._results
 
     @property
@@ -208,7 +218,7 @@ def described(row: Workflow, limit: int | None = None) -> tuple[list[Member], in
     and how many members there are."""
     qs = members(row)
     total = qs.count()
-    tasks = list(qs if limit is None else qs[:limit])
+    tasks = in_order(list(qs if limit is None else qs[:limit]))
     found = edges([t.pk for t in tasks])
     depth: dict[str, int] = {}
 
