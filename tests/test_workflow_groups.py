@@ -144,6 +144,23 @@ def test_cancel_a_batch_cancels_what_has_not_started_and_stops_what_runs():
     assert handle.progress()["CANCELLED"] == 2
 
 
+def test_cancel_keeps_the_errors_of_a_retrying_member_and_adds_its_own():
+    results = tasks.wf_step.enqueue_many([((i,), {}) for i in range(3)], workflow="r")
+    earlier = {"exception_class_path": "builtins.ValueError", "traceback": "tb",
+               "message": "boom", "attempt": 1, "at": "2026-01-01T00:00:00+00:00"}
+    TaskRecord.objects.filter(pk=results[0].id).update(
+        status=TaskStatus.RETRYING, attempts=1, errors=[earlier])
+    assert workflows.get(results[0].workflow_id).cancel() == {"cancelled": 3, "stopping": 0}
+    retried = TaskRecord.objects.get(pk=results[0].id)
+    assert [e["exception_class_path"] for e in retried.errors] == [
+        "builtins.ValueError", "django_dbworker.exceptions.TaskCancelled"]
+    assert retried.errors[-1]["attempt"] == 1
+    others = TaskRecord.objects.filter(pk__in=[r.id for r in results[1:]])
+    assert [len(t.errors) for t in others] == [1, 1]
+    assert {t.errors[0]["message"] for t in others} == {
+        "the workflow was cancelled before the task ran"}
+
+
 def test_get_refuses_unknown_and_malformed_ids():
     with pytest.raises(UnknownWorkflow, match="not a workflow id"):
         workflows.get("nope")
