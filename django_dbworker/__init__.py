@@ -14,6 +14,7 @@ __all__ = [
     "cancel",
     "chain",
     "cron",
+    "dependency_results",
     "execution_status",
     "group",
     "has_execution_status",
@@ -37,12 +38,14 @@ if TYPE_CHECKING:
     from .status import execution_status, has_execution_status
     from .tasks.store import cancel
     from .workflows.builder import chain, group
+    from .workflows.results import dependency_results
 
 _LAZY = {
     "cancel": ("tasks.store", "cancel"),
     "chain": ("workflows.builder", "chain"),
     "group": ("workflows.builder", "group"),
     "cron": ("scheduling", "cron"),
+    "dependency_results": ("workflows.results", "dependency_results"),
     "set_progress": ("progress", "set_progress"),
     "pause": ("pausing", "pause"),
     "paused": ("pausing", "paused"),

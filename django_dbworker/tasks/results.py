@@ -43,6 +43,14 @@ class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
     #: ``django_dbworker.workflows.get(result.workflow_id)``.
     workflow_id: str | None = None
 
+    @property
+    def dependencies(self) -> list[Any]:
+        """The return values of the tasks this one was enqueued after (``after=[...]``), in
+        that order, read from the database now (``workflows.results``)."""
+        from ..workflows.results import results_of
+
+        return results_of(self.id)
+
     def refresh(self) -> None:
         fresh = self.task.get_backend().get_result(self.id)
         for attr in (*TASK_REFRESH_ATTRS, *OUR_ATTRS):

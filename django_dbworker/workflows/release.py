@@ -46,7 +46,7 @@ def resolve(using: str, ended: Iterable[tuple[Any, str]]) -> None:
     released = False
     while round_:
         met, broken = _resolve_edges(using, round_, now)
-        released |= _release(using, met, now)
+        released |= lower_waiting(using, met, now)
         round_ = _cancel(using, broken, now)
     if released:
         notify.announce(using, "task")
@@ -87,7 +87,7 @@ def _resolve_edges(
     return met, broken
 
 
-def _release(using: str, met: dict[uuid.UUID, int], now: datetime) -> bool:
+def lower_waiting(using: str, met: dict[uuid.UUID, int], now: datetime) -> bool:
     """Lower each dependent's ``waiting_for`` by its met edges; READY at 0."""
     if not met:
         return False
@@ -119,17 +119,17 @@ def _cancel(using: str, broken: dict[uuid.UUID, tuple[uuid.UUID, str]],
     paths = dict(TaskRecord.objects.using(using)
                  .filter(pk__in={dependency for dependency, _ in broken.values()})
                  .values_list("pk", "task_path"))
-    return _cancel_with(using, {
+    return cancel_with(using, {
         dependent: broken_message(f"{paths.get(dependency, 'task')} {dependency}", status)
         for dependent, (dependency, status) in broken.items()}, now)
 
 
 def cancel_dependents(using: str, dependents: list[uuid.UUID], message: str) -> None:
     """End new dependents CANCELLED at once (a dependency had already failed)."""
-    _cancel_with(using, dict.fromkeys(dependents, message), timezone.now())
+    cancel_with(using, dict.fromkeys(dependents, message), timezone.now())
 
 
-def _cancel_with(using: str, messages: dict[uuid.UUID, str],
+def cancel_with(using: str, messages: dict[uuid.UUID, str],
                  now: datetime) -> dict[uuid.UUID, str]:
     from ..tasks.store import error_entry, kept_errors
 
