@@ -346,3 +346,12 @@ def test_a_group_of_one_task_is_enqueued_in_one_statement_per_thousand():
                  .values_list("enqueued_at", flat=True))
     assert len(stamps) == 1  # one enqueue_many call
     assert [r.args for r in workflows.get(handle.id).results] == [[i] for i in range(50)]
+
+
+def test_a_workflow_is_stored_in_the_callers_transaction_even_on_an_on_commit_backend():
+    with transaction.atomic():
+        handle = chain(tasks.committed.step(1), tasks.committed.step(2)).enqueue()
+        # stored now, inside the transaction: the second waits for the first
+        assert statuses(handle.results) == [TaskStatus.READY, TaskStatus.WAITING]
+    run_until_idle(tasks=True, worker_names=[])
+    assert statuses(handle.results) == [TaskStatus.SUCCESSFUL] * 2
