@@ -312,6 +312,15 @@ def test_a_failed_member_cancels_what_waits_for_it_and_the_callback_still_runs_o
     handle.callback.refresh()
     assert handle.callback.dbworker_status == TaskStatus.SUCCESSFUL
     assert handle.callback.return_value == "report"
+    doc = run_json("workflow", handle.id)
+    assert doc["callback"]["id"] == handle.callback.id
+    assert doc["callback"]["status"] == "SUCCESSFUL" and doc["done"] is True
+    assert doc["progress"]["total"] == 3
+    broken = [e for m in doc["members"] for e in m["after"] if e["state"] == "broken"]
+    assert [e["dependency_id"] for e in broken] == [handle.results[1].id]
+    text = run("workflow", handle.id)
+    assert "(all ended)" in text and f"callback: tests.testapp.tasks.wf_callback " \
+        f"{handle.callback.id} SUCCESSFUL" in text
 
 
 def test_the_callback_waits_for_every_member_not_only_the_last_ones():
