@@ -398,3 +398,58 @@ def test_a_uniqueness_key_and_a_concurrency_limit_with_dependencies():
     run_until_idle()
     assert status(first) == TaskStatus.SUCCESSFUL
     assert {status(r) for r in keyed} == {TaskStatus.SUCCESSFUL}
+
+
+# ----- row dependencies (their release is the row side's: workflows.rows) -----------------
+
+
+class RowDependency:
+    """The shape of ``django_dbworker.workflows.rows.RowDependency`` the enqueue side reads:
+    a worker name and a source row's key."""
+
+    def __init__(self, worker, source_id):
+        self.worker, self.source_id = worker, source_id
+
+
+def test_a_row_dependency_is_stored_as_an_edge_on_the_row():
+    from django_dbworker.models import Execution, State
+    from tests.testapp.models import Item
+
+    waiting_row, done_row, failed_row = (Item.objects.create(action="ok") for _ in range(3))
+    Execution.objects.update_or_create(worker="touch", source_id=str(done_row.pk),
+                                       defaults={"state": State.FINISHED})
+    Execution.objects.update_or_create(worker="touch", source_id=str(failed_row.pk),
+                                       defaults={"state": State.FAILED})
+    a = tasks.add.enqueue(1, 1)
+    d = tasks.add.using(after=[a, RowDependency("touch", waiting_row.pk),
+                               RowDependency("touch", done_row.pk)]).enqueue(1, 1)
+    assert row(d).waiting_for == 2
+    edges = list(TaskDependency.objects.filter(dependent_id=d.id).order_by("position")
+                 .values_list("row_worker", "row_source_id", "state"))
+    assert edges == [("", None, DependencyState.WAITING),
+                     ("touch", str(waiting_row.pk), DependencyState.WAITING),
+                     ("touch", str(done_row.pk), DependencyState.MET)]
+    assert d.dependencies == [None, None, None]
+    broken = tasks.add.using(after=[RowDependency("touch", failed_row.pk)]).enqueue(1, 1)
+    assert broken.dbworker_status == TaskStatus.CANCELLED
+    message = row(broken).failure_dicts()[0]["message"]
+    assert f"row touch[{failed_row.pk}] ended FAILED" in message
+
+
+def test_a_fan_out_and_fan_in_of_more_than_a_chunk(monkeypatch):
+    """One root, many dependents released by one end (statements of ``CHUNK`` ids), and
+    one join after all of them."""
+    from django_dbworker.workflows import release
+
+    monkeypatch.setattr(release, "CHUNK", 7)
+    root = tasks.add.enqueue(0, 0)
+    later = timezone.now() + timedelta(hours=1)
+    fan = tasks.add.using(after=[root]).enqueue_many([((i, 0), {}) for i in range(20)])
+    delayed = tasks.add.using(after=[root], run_after=later).enqueue(1, 1)
+    join = tasks.join_effect.using(after=fan).enqueue(99)
+    assert row(join).waiting_for == 20
+    run_until_idle()
+    assert status(join) == TaskStatus.SUCCESSFUL
+    assert row(join).return_value == list(range(20))
+    stored = row(delayed)
+    assert stored.status == TaskStatus.READY and stored.available_at == later

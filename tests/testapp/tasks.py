@@ -372,12 +372,15 @@ def wf_wait(n, path):
 
 
 @task
-def until(at):
-    """Returns at the wall-clock instant ``at`` (``time.time()``): two of these end at the
-    same instant in two supervisors. Returns the pid of the process that ran it."""
+def until(at, fail=False):
+    """Returns (or raises, with ``fail``) at the wall-clock instant ``at`` (``time.time()``):
+    two of these end at the same instant in two supervisors. Returns the pid of the
+    process that ran it."""
     delay = at - time.time()
     if delay > 0:
         time.sleep(delay)
+    if fail:
+        raise ValueError("failed on purpose")
     return os.getpid()
 
 
