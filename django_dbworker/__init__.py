@@ -12,9 +12,11 @@ __all__ = [
     "Snooze",
     "Unfinished",
     "cancel",
+    "chain",
     "cron",
     "dependency_results",
     "execution_status",
+    "group",
     "has_execution_status",
     "pause",
     "paused",
@@ -37,10 +39,13 @@ if TYPE_CHECKING:
     from .scheduling import cron
     from .status import execution_status, has_execution_status
     from .tasks.store import cancel
+    from .workflows.builder import chain, group
     from .workflows.results import dependency_results
 
 _LAZY = {
     "cancel": ("tasks.store", "cancel"),
+    "chain": ("workflows.builder", "chain"),
+    "group": ("workflows.builder", "group"),
     "cron": ("scheduling", "cron"),
     "dependency_results": ("workflows.results", "dependency_results"),
     "set_progress": ("progress", "set_progress"),

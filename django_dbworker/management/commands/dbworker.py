@@ -20,6 +20,7 @@ from django_dbworker.cli import (
     reports,
     schedules,
     triggers,
+    workflows,
 )
 
 SCHEMA_VERSION = 1
@@ -29,8 +30,8 @@ MAX_LIMIT = 2**31 - 1
 
 class Command(BaseCommand):
     help = ("Inspect and fix background work: inspect, stats, failed, dead, supervisors, "
-            "retry, reset, "
-            "cancel, purge, prune, vacuum, triggers, schedules, pause, resume, paused. "
+            "retry, reset, cancel, purge, prune, vacuum, triggers, schedules, pause, resume, "
+            "paused, workflow, workflows. "
             "'manage.py dbworker SUBCOMMAND --help' for each.")
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -91,6 +92,12 @@ class Command(BaseCommand):
             if name == "pause":
                 p.add_argument("--reason", default="", help="Shown with the pause.")
         add("paused", "The paused task queues and row workers, and since when.")
+        p = add("workflow", "A workflow (or enqueue_many batch): progress, members and "
+                "their dependencies with statuses.")
+        p.add_argument("id", metavar="ID")
+        p.add_argument("--limit", type=int, default=1000, help="At most this many members.")
+        p = add("workflows", "The most recent workflows and their progress.")
+        p.add_argument("--limit", type=int, default=50, help="At most this many.")
 
         p = add("vacuum", "Give the disk space of pruned rows back: VACUUM (SQLite: the file, "
                 "then incremental auto-vacuum; PostgreSQL: our tables), ANALYZE TABLE on "
@@ -132,9 +139,7 @@ class Command(BaseCommand):
         elif name == "stats":
             doc, text = reports.stats(options["workers"], options["queues"]), render.stats
         elif name in ("failed", "dead"):
-            if not 0 <= options["limit"] <= MAX_LIMIT:
-                raise CommandError(f"--limit {options['limit']}: give a whole number from 0 "
-                                   f"to {MAX_LIMIT}.")
+            self._limit(options)
             final = name == "dead"
             doc = reports.failures(options["workers"], options["queues"],
                                    limit=options["limit"], traceback=options["tracebacks"],
@@ -148,6 +153,13 @@ class Command(BaseCommand):
             text = render.triggers
         elif name == "paused":
             doc, text = pauses.paused(), render.paused
+        elif name == "workflow":
+            self._limit(options)
+            doc = workflows.workflow(options["id"], options["limit"])
+            text = workflows.render_workflow
+        elif name == "workflows":
+            self._limit(options)
+            doc, text = workflows.workflows(options["limit"]), workflows.render_workflows
         else:
             dead = options["dead"]
             doc = reports.supervisors(dead=dead)
@@ -156,6 +168,11 @@ class Command(BaseCommand):
                 return render.supervisor_list(d, dead=dead)
             text = supervisors_text
         self._print(name, doc, text, options["json"])
+
+    def _limit(self, options: dict[str, Any]) -> None:
+        if not 0 <= options["limit"] <= MAX_LIMIT:
+            raise CommandError(f"--limit {options['limit']}: give a whole number from 0 "
+                               f"to {MAX_LIMIT}.")
 
     # ----- changes ----------------------------------------------------------------------
 
