@@ -1,0 +1,131 @@
+"""Real ``runworkers`` processes behind a real PgBouncer in transaction pooling mode.
+
+A private ``pgbouncer`` (``tests/pgbouncer.py``) listens on a free port in front of the test
+server; the supervisors and their children connect through it (``PGPORT`` of their
+settings), while the test itself reads and writes the database directly. The process and
+fault tests imported below run here again, unchanged, through it: claims shared by
+supervisors, fencing of a paused supervisor, transactional handlers, kill -9 of a child and
+of a supervisor, retries, timeouts, cancellation, rate limits, cron, lost connections.
+They run with the settings docs/operations.md advises behind such a pooler
+(``DBWORKER_TEST_POOLER_SETTINGS``: ``NOTIFY`` and ``PREPARED_STATEMENTS`` off, Django's
+``DISABLE_SERVER_SIDE_CURSORS``); the tests written here also try the defaults, and the
+pooler's detection and system check.
+
+PostgreSQL only. Without ``pgbouncer`` installed they are skipped with a banner (a failure
+under CI=true); ``scripts/test`` installs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from django.db import connection
+
+from django_dbworker.models import State
+from tests.conftest import wait_for
+from tests.pgbouncer import POOL_SIZE, PgBouncer, require
+from tests.test_faults import (  # noqa: F401  (collected here again, through PgBouncer)
+    test_connection_loss_reconnects_without_losing_or_duplicating,
+    test_short_lease_is_renewed_for_long_handlers,
+    test_stale_task_copy_cannot_record_after_its_rerun,
+)
+from tests.test_processes import (  # noqa: F401
+    ONE_CHILD,
+    effects,
+    has_state,
+    test_killed_child_is_released_at_once_and_rerun,
+    test_killed_supervisor_leases_expire_and_another_takes_over,
+    test_paused_supervisor_loses_its_lease_and_cannot_commit,
+    test_supervisors_share_rows_and_run_each_exactly_once,
+    test_unit_that_keeps_killing_its_process_ends_failed,
+)
+from tests.test_task_processes import (  # noqa: F401
+    test_cancel_a_running_task,
+    test_cron_ticks_once_across_two_supervisors,
+    test_rate_limit_across_two_supervisors,
+    test_tasks_and_rows_in_one_burst_with_retries,
+    test_timeout_stops_the_process_and_retries,
+)
+from tests.testapp.models import Item
+
+pytestmark = pytest.mark.processes
+
+
+@pytest.fixture(scope="module")
+def pgbouncer():
+    if os.environ.get("DBWORKER_TEST_DB", "sqlite") != "postgres":
+        pytest.skip("PgBouncer is PostgreSQL's pooler (DBWORKER_TEST_DB=postgres)")
+    bouncer = PgBouncer(require()).start()
+    yield bouncer
+    bouncer.remove()
+
+
+@pytest.fixture
+def runworkers(runworkers, pgbouncer):
+    """``runworkers`` (tests/conftest.py) connecting through PgBouncer, with the settings
+    advised behind it unless ``extra_env`` says otherwise."""
+
+    def start(*args, extra_env=None, **kwargs):
+        env = {"PGHOST": pgbouncer.host, "PGPORT": str(pgbouncer.port),
+               "DBWORKER_TEST_POOLER_SETTINGS": "1", **(extra_env or {})}
+        return runworkers(*args, extra_env=env, **kwargs)
+
+    return start
+
+
+
+def through(bouncer: PgBouncer, **options):
+    """A psycopg connection to the test database through ``bouncer``."""
+    import psycopg
+
+    return psycopg.connect(host=bouncer.host, port=bouncer.port, user=bouncer.server[2],
+                           dbname=connection.settings_dict["NAME"], **options)
+
+
+def test_the_processes_really_go_through_pgbouncer_in_transaction_mode(runworkers,
+                                                                       pgbouncer):
+    """The tests above cannot pass by talking to PostgreSQL directly: the supervisor's
+    transactions are counted by PgBouncer, whose pool for the test database is in
+    transaction mode."""
+    name = connection.settings_dict["NAME"]
+
+    def transactions() -> int:
+        stats = {row["database"]: row for row in pgbouncer.admin("SHOW STATS")}
+        return int(stats[name]["total_xact_count"]) if name in stats else 0
+
+    before = transactions()
+    items = [Item.objects.create() for _ in range(5)]
+    rw = runworkers("--worker", "touch", "--burst")
+    assert rw.wait(60) == 0, rw.output()
+    assert all(len(effects(i)) == 1 for i in items)
+    assert transactions() >= before + 5
+    [pool] = [p for p in pgbouncer.admin("SHOW POOLS") if p["database"] == name]
+    assert pool["pool_mode"] == "transaction"
+
+
+def every_server_connection(bouncer: PgBouncer, sql: str) -> list[object]:
+    """``sql``'s answer on every server connection of the test database's pool: as many
+    clients as the pool may have servers, each holding a transaction open (which pins a
+    server connection to it) while it asks."""
+    clients = [through(bouncer) for _ in range(POOL_SIZE)]
+    try:
+        return [client.execute(sql).fetchone()[0] for client in clients]
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_no_session_setting_is_left_on_the_pools_server_connections(runworkers, pgbouncer):
+    """The renewer bounds its lock waits with ``lock_timeout``. Set for the session, it
+    stayed on whichever server connection ran the SET, for the next client of the pool (a
+    handler waiting for a row lock then failed after a second), and the renewer's own
+    statements ran without it. Now it is set for each of its transactions."""
+    item = Item.objects.create(action="sleep_first:2")
+    rw = runworkers(*ONE_CHILD, lease=1.5)  # a renewal round every 0.5 s
+    wait_for(lambda: has_state(item, State.FINISHED), timeout=30, what="the unit")
+    rw.signal(signal.SIGTERM)
+    assert rw.wait(30) == 0, rw.output()
+    assert "renewal" not in rw.output(), rw.output()
+    assert every_server_connection(pgbouncer, "SHOW lock_timeout") == ["0"] * POOL_SIZE
