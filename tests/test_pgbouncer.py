@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 from django.db import connection
 
-from django_dbworker.models import State
-from tests.conftest import wait_for
+from django_dbworker.db.postgresql import PostgreSQL
+from django_dbworker.models import State, TaskStatus
+from tests.conftest import ROOT, wait_for
 from tests.pgbouncer import POOL_SIZE, PgBouncer, require
 from tests.test_faults import (  # noqa: F401  (collected here again, through PgBouncer)
     test_connection_loss_reconnects_without_losing_or_duplicating,
@@ -38,17 +41,18 @@ from tests.test_processes import (  # noqa: F401
     test_killed_child_is_released_at_once_and_rerun,
     test_killed_supervisor_leases_expire_and_another_takes_over,
     test_paused_supervisor_loses_its_lease_and_cannot_commit,
-    test_supervisors_share_rows_and_run_each_exactly_once,
     test_unit_that_keeps_killing_its_process_ends_failed,
 )
 from tests.test_task_processes import (  # noqa: F401
+    status_of,
     test_cancel_a_running_task,
     test_cron_ticks_once_across_two_supervisors,
     test_rate_limit_across_two_supervisors,
     test_tasks_and_rows_in_one_burst_with_retries,
     test_timeout_stops_the_process_and_retries,
 )
-from tests.testapp.models import Item
+from tests.testapp import tasks
+from tests.testapp.models import Effect, Item
 
 pytestmark = pytest.mark.processes
 
@@ -129,3 +133,93 @@ def test_no_session_setting_is_left_on_the_pools_server_connections(runworkers, 
     assert rw.wait(30) == 0, rw.output()
     assert "renewal" not in rw.output(), rw.output()
     assert every_server_connection(pgbouncer, "SHOW lock_timeout") == ["0"] * POOL_SIZE
+
+
+# ----- detection (django_dbworker/db/pooler.py) and check W005 -----------------------------
+
+
+def wrapper(port: int):
+    """A Django connection to the test database on ``port`` (nothing opened yet)."""
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    return DatabaseWrapper({**connection.settings_dict, "PORT": str(port)}, alias="probe")
+
+
+def test_a_transaction_pooler_is_detected_and_a_direct_connection_is_not(pgbouncer):
+    engine = PostgreSQL()
+    assert engine.transaction_pooled(wrapper(pgbouncer.port)) is True
+    assert engine.transaction_pooled(wrapper(int(connection.settings_dict["PORT"]))) is False
+
+
+def test_a_session_pooler_is_not_taken_for_a_transaction_pooler():
+    """Its limit: a session pooler is a pooler (its key is not the backend's), but it pins
+    one backend to each client: unknown, and nothing changes."""
+    session = PgBouncer(require(), pool_mode="session").start()
+    try:
+        assert PostgreSQL().transaction_pooled(wrapper(session.port)) is None
+    finally:
+        session.remove()
+
+
+def check(tmp_path, port: int, pooler_settings: bool) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(port), "PYTHONPATH": str(ROOT),
+           "DBWORKER_TEST_DB_NAME": connection.settings_dict["NAME"],
+           "DBWORKER_TEST_POOLER_SETTINGS": "1" if pooler_settings else ""}
+    return subprocess.run(
+        [sys.executable, "-m", "django", "check", "--database", "default",
+         "--settings=tests.settings"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=60)
+
+
+def test_check_w005_warns_behind_a_transaction_pooler_with_session_settings(pgbouncer,
+                                                                            transactional_db,
+                                                                            tmp_path):
+    behind = check(tmp_path, pgbouncer.port, pooler_settings=False)
+    assert behind.returncode == 0, behind.stderr  # a warning: check still passes
+    out = behind.stdout + behind.stderr
+    assert "django_dbworker.W005" in out, out
+    for key in ("DBWORKER['NOTIFY'] = False", "DBWORKER['PREPARED_STATEMENTS'] = False",
+                "DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'] = True"):
+        assert key in out, out
+    advised = check(tmp_path, pgbouncer.port, pooler_settings=True)
+    assert "W005" not in advised.stdout + advised.stderr, advised.stderr
+    direct = check(tmp_path, int(connection.settings_dict["PORT"]), pooler_settings=False)
+    assert "W005" not in direct.stdout + direct.stderr, direct.stderr
+
+
+def test_check_w005_is_silent_when_the_database_cannot_be_reached(transactional_db,
+                                                                  tmp_path):
+    from tests.pgbouncer import free_port
+
+    gone = check(tmp_path, free_port(), pooler_settings=False)
+    assert "W005" not in gone.stdout + gone.stderr
+    assert "Traceback" not in gone.stderr, gone.stderr
+
+
+# ----- the defaults behind PgBouncer -------------------------------------------------------
+
+
+def test_with_the_defaults_runworkers_neither_listens_nor_prepares_behind_it(runworkers,
+                                                                            pgbouncer):
+    """NOTIFY and PREPARED_STATEMENTS left on: runworkers finds the pooler at start-up and
+    does without both (a LISTEN would stay on a server connection of the pool, and every
+    client given it next would collect our notifications; a prepared statement would be
+    missing from the next transaction's server connection). Every unit runs once."""
+    items = [Item.objects.create() for _ in range(30)]
+    added = tasks.add.enqueue_many([((i, 1), {}) for i in range(30)])
+    rw = runworkers("--concurrency", "2", extra_env={"DBWORKER_TEST_POOLER_SETTINGS": ""})
+    wait_for(lambda: Effect.objects.filter(worker="touch").count() >= 30
+             and all(status_of(r.id) == TaskStatus.SUCCESSFUL for r in added), timeout=60,
+             what="every row and task")
+    later = Item.objects.create()  # found by polling (POLL_INTERVAL 0.1 s here)
+    wait_for(lambda: len(effects(later)) == 1, timeout=10, what="a row saved later")
+    rw.signal(signal.SIGTERM)
+    assert rw.wait(30) == 0, rw.output()
+    out = rw.output()
+    assert "transaction_pooler" in out and "listen=off" in out, out
+    assert "prepared on this database connection is gone" not in out, out
+    assert all(len(effects(i)) == 1 for i in items)
+    assert every_server_connection(
+        pgbouncer, "SELECT count(*) FROM pg_listening_channels()") == [0] * POOL_SIZE
+    assert every_server_connection(
+        pgbouncer, "SELECT count(*) FROM pg_prepared_statements") == [0] * POOL_SIZE
