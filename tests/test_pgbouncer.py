@@ -5,7 +5,7 @@ server; the supervisors and their children connect through it (``PGPORT`` of the
 settings), while the test itself reads and writes the database directly. The process and
 fault tests imported below run here again, unchanged, through it: claims shared by
 supervisors, fencing of a paused supervisor, transactional handlers, kill -9 of a child and
-of a supervisor, retries, timeouts, cancellation, rate limits, cron, lost connections.
+of a supervisor, retries, timeouts, cancellation, rate limits, cron; and lost server connections.
 They run with the settings docs/operations.md advises behind such a pooler
 (``DBWORKER_TEST_POOLER_SETTINGS``: ``NOTIFY`` and ``PREPARED_STATEMENTS`` off, Django's
 ``DISABLE_SERVER_SIDE_CURSORS``); the tests written here also try the defaults, and the
@@ -26,11 +26,15 @@ import pytest
 from django.db import connection
 
 from django_dbworker.db.postgresql import PostgreSQL
-from django_dbworker.models import State, TaskStatus
+from django_dbworker.models import Failure, State, TaskRecord, TaskStatus
 from tests.conftest import ROOT, wait_for
 from tests.pgbouncer import POOL_SIZE, PgBouncer, require
 from tests.test_faults import (  # noqa: F401  (collected here again, through PgBouncer)
-    test_connection_loss_reconnects_without_losing_or_duplicating,
+    row_effects_exactly_once,
+    rows_settled,
+    settled,
+    stop,
+    terminate_other_backends,
     test_short_lease_is_renewed_for_long_handlers,
     test_stale_task_copy_cannot_record_after_its_rerun,
 )
@@ -151,7 +155,7 @@ def test_a_transaction_pooler_is_detected_and_a_direct_connection_is_not(pgbounc
     assert engine.transaction_pooled(wrapper(int(connection.settings_dict["PORT"]))) is False
 
 
-def test_a_session_pooler_is_not_taken_for_a_transaction_pooler():
+def test_a_session_pooler_is_not_taken_for_a_transaction_pooler(pgbouncer):
     """Its limit: a session pooler is a pooler (its key is not the backend's), but it pins
     one backend to each client: unknown, and nothing changes."""
     session = PgBouncer(require(), pool_mode="session").start()
@@ -187,8 +191,8 @@ def test_check_w005_warns_behind_a_transaction_pooler_with_session_settings(pgbo
     assert "W005" not in direct.stdout + direct.stderr, direct.stderr
 
 
-def test_check_w005_is_silent_when_the_database_cannot_be_reached(transactional_db,
-                                                                  tmp_path):
+def test_check_w005_is_silent_when_the_database_cannot_be_reached(pgbouncer,
+                                                                  transactional_db, tmp_path):
     from tests.pgbouncer import free_port
 
     gone = check(tmp_path, free_port(), pooler_settings=False)
@@ -223,3 +227,28 @@ def test_with_the_defaults_runworkers_neither_listens_nor_prepares_behind_it(run
         pgbouncer, "SELECT count(*) FROM pg_listening_channels()") == [0] * POOL_SIZE
     assert every_server_connection(
         pgbouncer, "SELECT count(*) FROM pg_prepared_statements") == [0] * POOL_SIZE
+
+
+def test_lost_server_connections_lose_and_repeat_nothing(runworkers):
+    """``pg_terminate_backend`` of every server connection PgBouncer holds, twice, while
+    rows and tasks run: a client whose server connection died mid-transaction is
+    disconnected by PgBouncer and reconnects; every row commits once, every task succeeds.
+    (A smaller cousin of test_faults' connection loss test, which takes a minute.)"""
+    Item.objects.bulk_create(Item(action="sleep:0.02") for _ in range(100))
+    items = list(Item.objects.all())
+    results = tasks.chaos_effect.enqueue_many([((i, 0.02), {}) for i in range(40)])
+    rw = runworkers("--concurrency", "2")
+    wait_for(lambda: Effect.objects.count() > 20, what="work to be under way")
+    terminated = 0
+    for _ in range(2):
+        terminated += terminate_other_backends()
+        done = Effect.objects.count()
+        wait_for(lambda done=done: Effect.objects.count() > done + 10, timeout=30,
+                 what="work to go on after the connections were lost")
+    wait_for(lambda: rows_settled(items) and settled(results), timeout=60,
+             what="every unit to be done after the connection losses")
+    assert terminated > 0
+    assert not Failure.objects.exists(), list(Failure.objects.values("message"))[:3]
+    row_effects_exactly_once(items)
+    assert TaskRecord.objects.exclude(status=TaskStatus.SUCCESSFUL).count() == 0
+    stop(rw)

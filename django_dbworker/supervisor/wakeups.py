@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import connections
 
+from .. import conf
 from ..db import engine_for, pooler, prepared
 from ..db.notify import CHANNEL, enabled
 from ..logs import log_event
@@ -34,10 +35,12 @@ def behind_transaction_pooler(using: str) -> bool | None:
         return None
     if pooled:
         prepared.turn_off()
+        config = conf.get()
+        on = [f"DBWORKER[{key!r}] = False" for key in ("NOTIFY", "PREPARED_STATEMENTS")
+              if getattr(config, key)]
         log_event(logging.WARNING, "transaction_pooler", listen="off",
                   prepared_statements="off", fallback="polling",
-                  hint="behind a transaction-pooling pooler, set DBWORKER['NOTIFY'] and "
-                       "DBWORKER['PREPARED_STATEMENTS'] to False (check django_dbworker.W005)")
+                  hint=f"set {' and '.join(on)} (check django_dbworker.W005)" if on else "")
     return pooled
 
 
