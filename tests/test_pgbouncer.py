@@ -252,3 +252,12 @@ def test_lost_server_connections_lose_and_repeat_nothing(runworkers):
     row_effects_exactly_once(items)
     assert TaskRecord.objects.exclude(status=TaskStatus.SUCCESSFUL).count() == 0
     stop(rw)
+
+
+def test_check_w005_is_silent_on_a_direct_connection_on_every_database(db):
+    """Without a pooler (the test database, directly; SQLite and MariaDB have none to
+    detect) W005 says nothing, and without ``--database`` it asks nothing."""
+    from django_dbworker.checks import check_pooler
+
+    assert check_pooler(databases=["default"]) == []
+    assert check_pooler(databases=None) == []

@@ -288,12 +288,12 @@ class PostgreSQL(Engine):
         """Two connections of their own, asked for their server backends (``db/pooler.py``
         says how and why): False when psycopg's key carries the backend's pid, True when
         backends are shared or change between transactions, else None."""
-        first = _connect_alone(connection)
+        first = _connect_alone(connection, probe=True)
         try:
             backend = _backend(first)
             if first.info.backend_pid == backend:
                 return False
-            second = _connect_alone(connection)
+            second = _connect_alone(connection, probe=True)
             try:
                 for _ in range(3):
                     if _backend(second) == backend or _backend(first) != backend:
@@ -384,13 +384,20 @@ class Listening:
         self.raw.close()
 
 
-def _connect_alone(connection: BaseDatabaseWrapper) -> Any:
+#: Seconds the pooler probe waits for a connection (unless the database's OPTIONS set
+#: ``connect_timeout``): a system check must not hang on an unreachable host.
+PROBE_CONNECT_TIMEOUT = 5
+
+
+def _connect_alone(connection: BaseDatabaseWrapper, *, probe: bool = False) -> Any:
     """A psycopg connection of its own with ``connection``'s settings, in autocommit mode."""
     import psycopg
 
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
+    if probe:
+        params.setdefault("connect_timeout", PROBE_CONNECT_TIMEOUT)
     return psycopg.connect(**params, autocommit=True)
 
 
