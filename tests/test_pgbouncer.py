@@ -3,9 +3,10 @@
 A private ``pgbouncer`` (``tests/pgbouncer.py``) listens on a free port in front of the test
 server; the supervisors and their children connect through it (``PGPORT`` of their
 settings), while the test itself reads and writes the database directly. The process and
-fault tests imported below run here again, unchanged, through it: claims shared by
-supervisors, fencing of a paused supervisor, transactional handlers, kill -9 of a child and
-of a supervisor, retries, timeouts, cancellation, rate limits, cron; and lost server connections.
+fault tests imported below run here again, unchanged, through it: claims of two
+supervisors at once, fencing of a paused supervisor, transactional handlers, kill -9 of a
+child and of a supervisor, retries, timeouts, cancellation, rate limits, cron; the tests
+written here add lost server connections.
 They run with the settings docs/operations.md advises behind such a pooler
 (``DBWORKER_TEST_POOLER_SETTINGS``: ``NOTIFY`` and ``PREPARED_STATEMENTS`` off, Django's
 ``DISABLE_SERVER_SIDE_CURSORS``); the tests written here also try the defaults, and the
