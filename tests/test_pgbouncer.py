@@ -186,8 +186,7 @@ def test_check_w005_warns_behind_a_transaction_pooler_with_session_settings(pgbo
         assert key in out, out
     advised = check(tmp_path, pgbouncer.port, pooler_settings=True)
     assert "W005" not in advised.stdout + advised.stderr, advised.stderr
-    direct = check(tmp_path, int(connection.settings_dict["PORT"]), pooler_settings=False)
-    assert "W005" not in direct.stdout + direct.stderr, direct.stderr
+    # (directly: test_check_w005_is_silent_on_a_direct_connection_on_every_database)
 
 
 def test_check_w005_is_silent_when_the_database_cannot_be_reached(pgbouncer,
