@@ -11,7 +11,7 @@ from django.db import DatabaseError, connections
 from django.db.models import CompositePrimaryKey
 
 from . import conf
-from .db import ENGINES, engine_for
+from .db import ENGINES, engine_for, pooler
 from .registry import MAX_KEY_LENGTH, key_too_long, workers
 
 
@@ -164,3 +164,56 @@ def check_triggers(app_configs: Any = None, databases: Any = None,
             id="django_dbworker.W003",
         ))
     return warnings
+
+
+#: What breaks behind a transaction-pooling pooler when it is on (check W005).
+SESSION_SETTINGS = {
+    "NOTIFY": "supervisors LISTEN on a server connection the pooler hands to other clients "
+              "(runworkers, when it detects the pooler too, polls instead)",
+    "PREPARED_STATEMENTS": "a statement prepared in one transaction is missing from the "
+                           "server connection of the next (runworkers, when it detects the "
+                           "pooler too, prepares nothing)",
+}
+
+
+@register(Tags.database)
+def check_pooler(app_configs: Any = None, databases: Any = None,
+                 **kwargs: Any) -> list[CheckMessage]:
+    """Settings that need a session, for a database reached through a transaction-pooling
+    pooler (``db/pooler.py``). Two short connections, only when such a setting is on; silent
+    when the database cannot be reached or the answer is unknown."""
+    try:
+        config = conf.get()
+    except ImproperlyConfigured:
+        return []  # E001 says why
+    alias = config.DATABASE
+    if not databases or alias not in databases:
+        return []
+    connection = connections[alias]
+    on = [key for key in SESSION_SETTINGS if getattr(config, key)]
+    if not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        on.append("DISABLE_SERVER_SIDE_CURSORS")
+    if not on:
+        return []  # (and elsewhere than on PostgreSQL ``transaction_pooled`` is False)
+    try:
+        pooled = pooler.transaction_pooled(alias, fresh=True)
+    except Exception:  # unreachable: other checks and commands say so
+        return []
+    if not pooled:
+        return []
+    why = [f"DBWORKER[{key!r}] is on: {SESSION_SETTINGS[key]}"
+           for key in SESSION_SETTINGS if key in on]
+    if "DISABLE_SERVER_SIDE_CURSORS" in on:
+        why.append(f"DATABASES[{alias!r}] lacks DISABLE_SERVER_SIDE_CURSORS: QuerySet."
+                   "iterator() outside a transaction would use a WITH HOLD cursor of a "
+                   "session")
+    fix = [f"DBWORKER[{key!r}] = False" for key in SESSION_SETTINGS if key in on]
+    if "DISABLE_SERVER_SIDE_CURSORS" in on:
+        fix.append(f"DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True")
+    return [Warning(
+        f"Database {alias!r} is reached through a transaction-pooling connection pooler "
+        f"(PgBouncer with pool_mode = transaction, or alike); {'; '.join(why)}.",
+        hint=f"Set {', '.join(fix)}; or give runworkers settings whose database connects to "
+             "PostgreSQL directly (docs/operations.md, PgBouncer).",
+        id="django_dbworker.W005",
+    )]

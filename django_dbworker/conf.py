@@ -26,7 +26,8 @@ class Config:
     #: Seconds between claim attempts when there was nothing to claim (and no wake-up).
     POLL_INTERVAL: float = 1.0
     #: PostgreSQL: NOTIFY on new work and LISTEN in supervisors (turn off behind a
-    #: transaction-pooling PgBouncer, which cannot LISTEN; polling remains).
+    #: transaction-pooling PgBouncer, which cannot LISTEN; polling remains; runworkers
+    #: does not LISTEN where it detects one: db/pooler.py, check W005).
     NOTIFY: bool = True
     #: PostgreSQL: our own status statements (claims, task completions, row completions in
     #: a transaction that wrote nothing else) commit without waiting for the WAL flush
@@ -36,8 +37,8 @@ class Config:
     ASYNC_COMMIT: bool = True
     #: PostgreSQL: the statements each row unit runs (its source-row read, its completion)
     #: are prepared once per connection of a runworkers child, so the server does not parse
-    #: and plan them every time (turn off behind a transaction-pooling PgBouncer). See
-    #: docs/operations.md.
+    #: and plan them every time (turn off behind a transaction-pooling PgBouncer; off
+    #: where runworkers detects one). See docs/operations.md.
     PREPARED_STATEMENTS: bool = True
     #: Seconds running handlers get to finish after SIGTERM before they are cut off.
     GRACE_PERIOD: float = 30.0

@@ -112,6 +112,10 @@ if os.environ.get("DBWORKER_TEST_CRON_BROKEN"):  # test_declarations: one schedu
         **DBWORKER.get("SCHEDULES", {}),
         "decl_gone": {"task": "tests.testapp.tasks.decl_missing", "cron": "* * * * * */1"},
     }
+if os.environ.get("DBWORKER_TEST_POOLER_SETTINGS"):  # test_pgbouncer: what docs/operations.md
+    DBWORKER["NOTIFY"] = False  # advises behind a transaction-pooling PgBouncer
+    DBWORKER["PREPARED_STATEMENTS"] = False
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

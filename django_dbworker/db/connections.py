@@ -55,6 +55,13 @@ def bound_lock_waits(using: str, seconds: float) -> None:
     engine_for(connection).bound_lock_waits(connection, seconds)
 
 
+def lock_wait_scope(using: str) -> Any:
+    """What statements of this thread's connection to ``using`` bounded by
+    ``bound_lock_waits`` run inside (``Engine.lock_wait_scope``): a context manager."""
+    connection = connections[using]
+    return engine_for(connection).lock_wait_scope(connection)
+
+
 class TransactionCheck:
     """Was the transaction of a transactional handler ended behind our back?
 

@@ -137,6 +137,16 @@ class Engine:
         if connection.connection is not None:
             self.on_connection_created(connection)
 
+    def transaction_pooled(self, connection: BaseDatabaseWrapper) -> bool | None:
+        """Whether ``connection``'s settings reach the database through a
+        transaction-pooling pooler (None: cannot tell); ``db/pooler.py``."""
+        return False
+
+    def lock_wait_scope(self, connection: BaseDatabaseWrapper) -> Any:
+        """What statements bounded by ``bound_lock_waits`` run inside (a context manager):
+        nothing where the bound is a setting of the session (``on_connection_created``)."""
+        return contextlib.nullcontext()
+
     def problem(self, connection: BaseDatabaseWrapper) -> str | None:
         """Why this database cannot run our queue at all (None: it can). Enqueueing
         refuses such a database, so no task is stored that could never run."""

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from django.db import DatabaseError, DataError
+from django.db import DatabaseError, DataError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 
@@ -47,12 +47,20 @@ class PostgreSQL(Engine):
 
     # ----- connections ------------------------------------------------------------------
 
-    def on_connection_created(self, connection: BaseDatabaseWrapper) -> None:
-        """``lock_timeout`` where ``bound_lock_waits`` asked for one (the renewer's)."""
+    @contextlib.contextmanager
+    def lock_wait_scope(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
+        """One transaction with ``SET LOCAL lock_timeout`` where ``bound_lock_waits`` asked
+        for one (the renewer's round). Not a session's ``SET``: behind a transaction-pooling
+        PgBouncer it would stay on the server connection that ran it, for the next client of
+        the pool, and the statements after it might run on another one without it."""
         seconds = getattr(connection, "_dbworker_lock_wait", None)
-        if seconds is not None:
+        if seconds is None:
+            yield
+            return
+        with transaction.atomic(using=connection.alias):
             with connection.cursor() as cursor:
-                cursor.execute(f"SET lock_timeout = {max(1, int(seconds * 1000))}")
+                cursor.execute(f"SET LOCAL lock_timeout = {max(1, int(seconds * 1000))}")
+            yield
 
     def own_process(self, connection: BaseDatabaseWrapper, *, runs_units: bool = False) -> None:
         if runs_units:
@@ -268,12 +276,7 @@ class PostgreSQL(Engine):
     # ----- wake-ups ---------------------------------------------------------------------
 
     def listen(self, connection: BaseDatabaseWrapper, channel: str) -> Listening:
-        import psycopg
-
-        params = connection.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        raw = psycopg.connect(**params, autocommit=True)
+        raw = _connect_alone(connection)
         try:
             raw.execute(f"LISTEN {channel}")
         except BaseException:
@@ -306,6 +309,26 @@ class PostgreSQL(Engine):
         q = connection.ops.quote_name
         options = "FULL, ANALYZE" if full else "ANALYZE"
         return [f"VACUUM ({options}) {', '.join(q(t) for t in tables)}"]
+
+    def transaction_pooled(self, connection: BaseDatabaseWrapper) -> bool | None:
+        """Two connections of their own, asked for their server backends (``db/pooler.py``
+        says how and why): False when psycopg's key carries the backend's pid, True when
+        backends are shared or change between transactions, else None."""
+        first = _connect_alone(connection, probe=True)
+        try:
+            backend = _backend(first)
+            if first.info.backend_pid == backend:
+                return False
+            second = _connect_alone(connection, probe=True)
+            try:
+                for _ in range(3):
+                    if _backend(second) == backend or _backend(first) != backend:
+                        return True
+            finally:
+                second.close()
+        finally:
+            first.close()
+        return None
 
     def notify(self, connection: BaseDatabaseWrapper, channel: str, what: str) -> None:
         """Delivered when (and only if) the writer's transaction commits."""
@@ -385,6 +408,28 @@ class Listening:
 
     def close(self) -> None:
         self.raw.close()
+
+
+#: Seconds the pooler probe waits for a connection (unless the database's OPTIONS set
+#: ``connect_timeout``): a system check must not hang on an unreachable host.
+PROBE_CONNECT_TIMEOUT = 5
+
+
+def _connect_alone(connection: BaseDatabaseWrapper, *, probe: bool = False) -> Any:
+    """A psycopg connection of its own with ``connection``'s settings, in autocommit mode."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    if probe:
+        params.setdefault("connect_timeout", PROBE_CONNECT_TIMEOUT)
+    return psycopg.connect(**params, autocommit=True)
+
+
+def _backend(raw: Any) -> int:
+    """The process id of the server backend running this statement."""
+    return int(raw.execute("SELECT pg_backend_pid()").fetchone()[0])
 
 
 def _jsonable(value: Any) -> Any:

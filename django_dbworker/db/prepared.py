@@ -71,6 +71,13 @@ def activate() -> None:
     _active = True
 
 
+def turn_off() -> None:
+    """Prepare nothing more in this process (and the children it forks from now on):
+    ``runworkers`` behind a transaction-pooling pooler (``db/pooler.py``)."""
+    global _off
+    _off = True
+
+
 def enabled(connection: BaseDatabaseWrapper) -> bool:
     """Whether statements are prepared on ``connection`` (open)."""
     if not _active or _off or connection.vendor != "postgresql":

@@ -17,7 +17,9 @@ Its connection is its own (Django's connections are per thread) and exists only 
 round: opened for the round, closed after it. The supervisor forks its children and a
 forked socket or SQLite handle must not be shared (SQLite's locks are per process), so a
 fork and a round exclude each other (``paused``); between rounds nothing is open to
-share. Its statements wait at most ``LOCK_WAIT`` for a lock (``bound_lock_waits``), so a
+share. Its statements wait at most ``LOCK_WAIT`` for a lock (``bound_lock_waits``; on
+PostgreSQL a round is one transaction with ``SET LOCAL lock_timeout``, ``lock_wait_scope``:
+nothing of it stays on a pooler's server connection), so a
 fork never waits long for a round: on SQLite a renewal waits while a claim or a
 transactional handler holds the write lock (nobody can reap meanwhile either), and the
 supervisor's own reaper never takes back its own units (``leases.Reaping``).
@@ -41,7 +43,7 @@ from collections.abc import Iterator
 
 from django.db import DatabaseError, connections
 
-from ..db.connections import bound_lock_waits, own_process
+from ..db.connections import bound_lock_waits, lock_wait_scope, own_process
 from ..logs import log_event
 from . import units
 from .duties.base import FAILURE_LOG_INTERVAL, Clock, Every
@@ -124,7 +126,8 @@ class Renewer:
             try:
                 with self._fork:
                     try:
-                        self.renewal.run(now)
+                        with lock_wait_scope(self.using):
+                            self.renewal.run(now)
                     finally:
                         with contextlib.suppress(DatabaseError):
                             connections[self.using].close()

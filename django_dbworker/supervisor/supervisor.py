@@ -39,7 +39,7 @@ from .progress import Progress
 from .renewer import Renewer
 from .taskwork import TaskWork
 from .units import Unit
-from .wakeups import Commits, Listener
+from .wakeups import Commits, Listener, behind_transaction_pooler
 
 CHILD_DIED = "django_dbworker.exceptions.ChildProcessDied"
 #: Seconds a worker whose claim or sweep raised is left alone before it is tried again.
@@ -145,6 +145,7 @@ class Supervisor:
 
     def run(self) -> int:
         own_process(self.using)
+        behind_transaction_pooler(self.using)  # before the children fork: they inherit it
         self._install_signals()
         pool.adopt_orphans()  # what tasks start and leave behind is ours to stop (Linux)
         names = ",".join(w.name for w in self.options.workers)

@@ -1,5 +1,6 @@
 """Wake-ups of an idle supervisor: listening for announcements where the engine notifies
-(PostgreSQL's LISTEN) and commit watching where it can tell (SQLite)."""
+(PostgreSQL's LISTEN) and commit watching where it can tell (SQLite); and what a supervisor
+behind a transaction-pooling pooler does without (``behind_transaction_pooler``)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,37 @@ from typing import Any
 
 from django.db import connections
 
-from ..db import engine_for
+from .. import conf
+from ..db import engine_for, pooler, prepared
 from ..db.notify import CHANNEL, enabled
 from ..logs import log_event
 
 #: Seconds before LISTEN is tried again after it failed: doubling from the first to the last.
 RETRY = (1.0, 30.0)
+
+
+def behind_transaction_pooler(using: str) -> bool | None:
+    """Ask once, at start-up, whether ``using`` is reached through a transaction-pooling
+    pooler (``db/pooler.py``); if so, this supervisor does not LISTEN (it would listen on
+    a server connection other clients get next) and neither it nor its children prepare
+    statements, whatever ``DBWORKER`` says: they poll every ``POLL_INTERVAL``. Logged once
+    (``transaction_pooler``). Never fatal: an error leaves everything as configured."""
+    if not engine_for(connections[using]).notifies:
+        return False
+    try:
+        pooled = pooler.transaction_pooled(using)
+    except Exception as exc:  # unreachable now: the main loop's outage handling copes
+        log_event(logging.WARNING, "pooler_unknown", error=str(exc).strip()[:200])
+        return None
+    if pooled:
+        prepared.turn_off()
+        config = conf.get()
+        on = [f"DBWORKER[{key!r}] = False" for key in ("NOTIFY", "PREPARED_STATEMENTS")
+              if getattr(config, key)]
+        log_event(logging.WARNING, "transaction_pooler", listen="off",
+                  prepared_statements="off", fallback="polling",
+                  hint=f"set {' and '.join(on)} (check django_dbworker.W005)" if on else "")
+    return pooled
 
 
 class Listener:
@@ -36,6 +62,8 @@ class Listener:
 
     def fileno(self) -> int | None:
         """The socket to wait on, connecting first if needed; None without LISTEN."""
+        if self.active and pooler.known(self.using):
+            self.active = False  # behind a transaction pooler (``behind_transaction_pooler``)
         if not self.active:
             return None
         if (self._conn is None or self._conn.closed) and time.monotonic() >= self._retry_at:
