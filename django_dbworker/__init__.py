@@ -11,10 +11,12 @@ __all__ = [
     "Outcome",
     "Snooze",
     "Unfinished",
+    "after_row",
     "cancel",
     "cron",
     "execution_status",
     "has_execution_status",
+    "has_task_status",
     "pause",
     "paused",
     "resume",
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from .scheduling import cron
     from .status import execution_status, has_execution_status
     from .tasks.store import cancel
+    from .workflows.rows import after_row
+    from .workflows.task_status import has_task_status
 
 _LAZY = {
     "cancel": ("tasks.store", "cancel"),
@@ -47,6 +51,8 @@ _LAZY = {
     "workers": ("registry", "workers"),
     "execution_status": ("status", "execution_status"),
     "has_execution_status": ("status", "has_execution_status"),
+    "after_row": ("workflows.rows", "after_row"),
+    "has_task_status": ("workflows.task_status", "has_task_status"),
 }
 
 

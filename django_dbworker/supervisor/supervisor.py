@@ -30,6 +30,7 @@ from .duties.base import Duties
 from .duties.discovery import Discovery
 from .duties.leases import Reaping, Renewal, Retries
 from .duties.outage import Outage
+from .duties.row_dependencies import RowDependencies
 from .heartbeat import Heartbeat
 from .pauses import Pauses
 from .pool import Child, describe_exit
@@ -125,6 +126,8 @@ class Supervisor:
               if self.tasks is not None else []),
             self.reaping,
             self.discovery,
+            # tasks waiting for rows (after_row): released once the row's execution ended
+            RowDependencies(config.POLL_INTERVAL, self.using),
         ])
 
     # ----- life cycle ---------------------------------------------------------------

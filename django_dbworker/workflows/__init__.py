@@ -1,0 +1,1 @@
+"""Workflows: tasks that wait for tasks or rows (docs/workflows.md)."""
