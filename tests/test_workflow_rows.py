@@ -134,3 +134,157 @@ def test_an_eligible_waits_for_a_task_in_real_runworkers(runworkers, tmp_path: P
     assert execution_status(worker="after_task", source_id=never.pk) is None
     process.signal(15)
     assert process.wait() == 0, process.output()
+
+
+# ----- after_row: a task waits for a row worker's execution of a row ---------------------
+
+
+def record(result) -> TaskRecord:
+    return TaskRecord.objects.get(pk=result.id)
+
+
+def test_a_task_waits_for_a_row_and_runs_after_it_finished():
+    from django_dbworker import after_row
+    from django_dbworker.models import DependencyState, Execution, TaskDependency
+    from django_dbworker.testing import run_until_idle
+    from tests.testapp.models import Item
+    from tests.testapp.tasks import add
+
+    item = Item.objects.create()
+    waits = add.using(after=[after_row("touch", item)]).enqueue(1, 2)
+    assert record(waits).status == TaskStatus.WAITING and record(waits).waiting_for == 1
+    edge = TaskDependency.objects.get(dependent_id=waits.id)
+    assert (edge.row_worker, edge.row_source_id, edge.dependency_id) == (
+        "touch", str(item.pk), None)
+    assert run_until_idle(["touch"], tasks=True) == {"finished": 1, "successful": 1}
+    done = record(waits)
+    assert done.status == TaskStatus.SUCCESSFUL and done.return_value == 3
+    execution = Execution.objects.get(worker="touch", source_id=str(item.pk))
+    assert execution.finished_at <= done.started_at
+    edge.refresh_from_db()
+    assert edge.state == DependencyState.MET and edge.resolved_at is not None
+
+
+def test_a_failed_row_cancels_the_task_naming_the_row():
+    from django_dbworker import after_row
+    from django_dbworker.testing import run_until_idle
+    from tests.testapp.models import Item
+    from tests.testapp.tasks import add
+
+    item = Item.objects.create(action="raise")
+    waits = add.using(after=[after_row("touch", item.pk)]).enqueue(1, 2)
+    later = add.using(after=[waits]).enqueue(3, 4)  # and what waits for the task
+    counts = run_until_idle(["touch"], tasks=True)
+    assert counts == {"failed": 1}, counts
+    for result in (waits, later):
+        stored = record(result)
+        assert stored.status == TaskStatus.CANCELLED
+        (error,) = stored.failure_dicts()
+        assert error["exception_class"] == "django_dbworker.exceptions.DependencyFailed"
+    assert f"row touch[{item.pk}] ended FAILED" in record(waits).failure_dicts()[0]["message"]
+    assert f"{waits.id} ended CANCELLED" in record(later).failure_dicts()[0]["message"]
+
+
+def test_run_on_failure_runs_after_a_failed_row():
+    from django_dbworker import after_row
+    from django_dbworker.testing import run_until_idle
+    from tests.testapp.models import Item
+    from tests.testapp.tasks import add
+
+    item = Item.objects.create(action="raise")
+    waits = add.using(after=[after_row("touch", item)], run_on_failure=True).enqueue(1, 1)
+    assert run_until_idle(["touch"], tasks=True) == {"failed": 1, "successful": 1}
+    assert record(waits).status == TaskStatus.SUCCESSFUL
+
+
+def test_a_row_that_already_ended_decides_at_enqueue():
+    from django_dbworker import after_row
+    from django_dbworker.testing import run_until_idle
+    from tests.testapp.models import Item
+    from tests.testapp.tasks import add
+
+    ok, bad = Item.objects.create(), Item.objects.create(action="raise")
+    run_until_idle(["touch"])
+    ready = add.using(after=[after_row("touch", ok)]).enqueue(1, 1)
+    cancelled = add.using(after=[after_row("touch", bad)]).enqueue(1, 1)
+    assert record(ready).status == TaskStatus.READY
+    assert record(cancelled).status == TaskStatus.CANCELLED
+    assert f"row touch[{bad.pk}]" in record(cancelled).failure_dicts()[0]["message"]
+
+
+def test_rows_and_tasks_mixed_in_one_after():
+    from django_dbworker import after_row
+    from django_dbworker.testing import run_until_idle
+    from tests.testapp.models import Item
+    from tests.testapp.tasks import add
+
+    first = add.enqueue(1, 1)
+    items = [Item.objects.create() for _ in range(3)]
+    last = add.using(after=[first, *(after_row("touch", i) for i in items)]).enqueue(2, 2)
+    assert record(last).waiting_for == 4
+    assert run_until_idle(["touch"], tasks=True) == {"finished": 3, "successful": 2}
+    assert record(last).status == TaskStatus.SUCCESSFUL
+
+
+def test_after_row_bad_input_is_refused_by_name():
+    from django_dbworker import after_row
+    from django_dbworker.exceptions import UnknownWorker
+    from tests.testapp.models import Item, Tag
+
+    with pytest.raises(UnknownWorker, match="nope"):
+        after_row("nope", 1)
+    with pytest.raises(ValueError, match="the row is a Tag, but worker 'touch' works on Item"):
+        after_row("touch", Tag.objects.create(code="x"))
+    with pytest.raises(ValueError, match="not saved yet"):
+        after_row("touch", Item())
+    with pytest.raises(ValueError, match="'abc' is not a primary key of Item"):
+        after_row("touch", "abc")
+    with pytest.raises(ValueError, match="there is no Item with primary key 987654"):
+        after_row("touch", 987654)
+
+
+def test_the_release_reads_only_the_waiting_row_edges(django_assert_num_queries):
+    """With nothing waiting for a row, a supervisor's look is one query and changes
+    nothing; with edges on rows that have not ended, still one."""
+    from django_dbworker import after_row
+    from django_dbworker.workflows.rows import release_ended_rows
+    from tests.testapp.models import Item
+    from tests.testapp.tasks import add
+
+    with django_assert_num_queries(1):
+        assert release_ended_rows() == 0
+    add.using(after=[after_row("touch", Item.objects.create())]).enqueue(1, 1)
+    with django_assert_num_queries(1):
+        assert release_ended_rows() == 0
+
+
+def test_tasks_wait_for_rows_in_two_real_supervisors(runworkers):
+    """Two supervisors run the rows and the tasks; each task after a row runs once, after
+    its row finished, within a few polls; the task after every row runs once, last."""
+    from django_dbworker import after_row
+    from django_dbworker.models import Execution
+    from tests.testapp.models import Item
+    from tests.testapp.tasks import chaos_effect
+
+    items = [Item.objects.create(action="sleep:0.05") for _ in range(30)]
+    singles = [chaos_effect.using(after=[after_row("touch", i)]).enqueue(i.pk)
+               for i in items]
+    every = chaos_effect.using(after=[after_row("touch", i) for i in items]).enqueue(0)
+    first = runworkers("--concurrency=2")
+    second = runworkers("--concurrency=2")
+    wait_for(lambda: TaskRecord.objects.filter(status="SUCCESSFUL").count() == 31,
+             timeout=90, what="every task")
+    for process in (first, second):
+        process.signal(15)
+        assert process.wait() == 0, process.output()
+    effects = list(Effect.objects.filter(worker="chaos_task").values_list("item_id", flat=True))
+    assert sorted(effects) == sorted([0, *(i.pk for i in items)])  # each once
+    ended = dict(Execution.objects.filter(worker="touch").values_list("source_id",
+                                                                      "finished_at"))
+    lags = []
+    for item, result in zip(items, singles, strict=True):
+        started = record(result).started_at
+        assert started >= ended[str(item.pk)]
+        lags.append((started - ended[str(item.pk)]).total_seconds())
+    assert record(every).started_at >= max(ended.values())
+    assert max(lags) < 5, lags  # POLL_INTERVAL is 0.1 s here; the machine is shared

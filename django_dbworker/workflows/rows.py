@@ -63,7 +63,8 @@ def after_row(worker: str | Worker, row: models.Model | Any) -> RowDependency:
 
     ``UnknownWorker`` for a worker that is not registered; ``ValueError`` for a row of
     another model, an unsaved instance, a key the source's primary key cannot hold, or a
-    row that does not exist."""
+    primary key no row has (looked up: one query; an instance read from the database is
+    taken as it is)."""
     w = worker if isinstance(worker, Worker) else workers[worker]
     source = w.source
     where = f"after_row({w.name!r}, {row!r})"
@@ -73,7 +74,7 @@ def after_row(worker: str | Worker, row: models.Model | Any) -> RowDependency:
                 f"{where}: the row is a {type(row).__name__}, but worker {w.name!r} works "
                 f"on {source.__name__} rows; give a {source.__name__} or its primary key.")
         pk = row.pk
-        if pk is None:
+        if pk is None or row._state.adding:
             raise ValueError(f"{where}: the {source.__name__} is not saved yet (no primary "
                              "key); save it first, in the same transaction if you like.")
     else:
@@ -81,7 +82,7 @@ def after_row(worker: str | Worker, row: models.Model | Any) -> RowDependency:
     using = conf.get().DATABASE
     try:
         key = keys.to_key(source, pk, using)
-        exists = source._base_manager.filter(pk=pk).exists()
+        exists = isinstance(row, models.Model) or source._base_manager.filter(pk=pk).exists()
     except (ValidationError, ValueError, TypeError) as exc:
         raise ValueError(f"{where}: {pk!r} is not a primary key of {source.__name__} "
                          f"({exc}).") from None
