@@ -29,23 +29,26 @@ class TaskId(Func):
 
     output_field = models.UUIDField()
 
-    def _text(self, compiler: Any, connection: Any) -> tuple[str, list[Any], bool]:
+    def _text(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...], bool]:
         source = self.source_expressions[0]
         sql, params = compiler.compile(source)
         try:
             held = source.output_field
         except Exception:  # an expression whose type Django cannot tell: take it as text
             held = None
-        return sql, list(params), isinstance(held, models.UUIDField)
+        return sql, tuple(params), isinstance(held, models.UUIDField)
 
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+    def as_sqlite(self, compiler: Any, connection: Any,
+                  **extra: Any) -> tuple[str, tuple[Any, ...]]:
         sql, params, is_uuid = self._text(compiler, connection)
         if is_uuid or connection.features.has_native_uuid_field:
             return sql, params
         return f"LOWER(REPLACE({sql}, '-', ''))", params
 
+    as_mysql = as_sqlite  # MariaDB 10.7+: uuid converts text itself; else as SQLite
+
     def as_postgresql(self, compiler: Any, connection: Any,
-                      **extra: Any) -> tuple[str, list[Any]]:
+                      **extra: Any) -> tuple[str, tuple[Any, ...]]:
         sql, params, is_uuid = self._text(compiler, connection)
         if is_uuid:
             return sql, params
@@ -104,7 +107,7 @@ def has_task_status(
             raise ValueError("has_task_status(field=''): name the field holding the task id.")
         reference: Any = OuterRef(field)
     elif isinstance(field, F):  # OuterRef is an F
-        reference = field if isinstance(field, OuterRef) else OuterRef(field.name)
+        reference = field if isinstance(field, OuterRef) else OuterRef(field.name)  # type: ignore[attr-defined]
     elif hasattr(field, "resolve_expression"):
         reference = field
     else:
