@@ -89,7 +89,18 @@ class DBWorkerTask(Task):
     concurrency_key: str | Callable[..., str] | None = None
     #: Times a task may ``raise Snooze(...)`` before a snooze counts as a failed attempt.
     max_snoozes: int = 100
+    # ----- workflows (docs/workflows.md) -----
+    #: Set per call: ``.using(after=[...])``: run only after these tasks (their results or
+    #: ids) or rows (``after_row(...)``) ended SUCCESSFUL (FINISHED, for a row).
+    after: tuple[Any, ...] = ()
+    #: Run once every dependency ended, whatever its status (default: a dependency that
+    #: ends FAILED or CANCELLED cancels this task, ``DependencyFailed``).
+    run_on_failure: bool = False
     _schedule: str = field(default="", repr=False)
+    #: Set by ``workflows.dependencies``: dependencies not met yet (WAITING when > 0).
+    _waiting_for: int = field(default=0, repr=False)
+    #: The ``Workflow`` the enqueued tasks belong to (set by the workflow builder).
+    _workflow_id: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         Task.__post_init__(self)
@@ -106,6 +117,8 @@ class DBWorkerTask(Task):
         enqueue_on_commit: bool | None = None,
         unique_key: str | Callable[..., str] | None = None,
         concurrency_key: str | None = None,
+        after: Iterable[Any] | None = None,
+        run_on_failure: bool | None = None,
     ) -> DBWorkerTask:
         # As Task.using does, with our options, in one replace(); run_after may also be a
         # timedelta here (validate_task), which Task's own annotation does not allow.
@@ -113,7 +126,8 @@ class DBWorkerTask(Task):
             "priority": priority, "queue_name": queue_name, "run_after": run_after,
             "backend": backend, "idempotency_key": idempotency_key,
             "enqueue_on_commit": enqueue_on_commit, "unique_key": unique_key,
-            "concurrency_key": concurrency_key,
+            "concurrency_key": concurrency_key, "run_on_failure": run_on_failure,
+            "after": _after_tuple(after),
         }
         return replace(self, **{name: v for name, v in given.items() if v is not None})
 
@@ -230,6 +244,10 @@ class DBWorkerBackend(BaseTaskBackend):
 
         self.validate_task(task)
         calls = list(calls)
+        if getattr(task, "after", ()):  # workflows: only dependents take this path
+            from .workflows import dependencies
+
+            return dependencies.enqueue(self, cast(DBWorkerTask, task), calls)
         key = getattr(task, "idempotency_key", None)
         if key is not None and len(calls) != 1:
             raise InvalidTask(
@@ -367,6 +385,14 @@ class DBWorkerBackend(BaseTaskBackend):
                 id="django_dbworker.E011",
             ))
         return errors
+
+
+def _after_tuple(after: Any) -> Any:
+    """``after`` as a tuple (a frozen task holds no list); what is not a collection of
+    items stays as it is, for ``dependencies.edges_of`` to refuse by name."""
+    if after is None or isinstance(after, str | bytes | TaskResult):
+        return after
+    return tuple(after) if isinstance(after, Iterable) else after
 
 
 def _options_error(alias: str, options: Any) -> str | None:
@@ -589,6 +615,15 @@ def _validate_options(where: str, task: DBWorkerTask) -> None:
     from .tasks.concurrency import check_declaration
 
     check_declaration(where, task.concurrency_limit, task.concurrency_key)
+
+    # ----- workflows -----
+    if not isinstance(task.run_on_failure, bool):
+        raise InvalidTask(f"{where}: run_on_failure={task.run_on_failure!r} must be True or "
+                          "False.")
+    if task.after:
+        from .workflows.dependencies import edges_of
+
+        edges_of(where, task.after)
 
     # ----- snooze (flow control) -----
     snoozes = task.max_snoozes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
+from django.tasks.exceptions import InvalidTask
 
 
 class DBWorkerError(Exception):
@@ -96,3 +97,17 @@ class InvalidPause(DBWorkerError, ValueError):
     """``pause()`` or ``resume()`` was given something it cannot pause: an unknown queue or
     worker, both or neither, or a reason that is too long. The message names the value and
     the queues or workers there are; nothing was written."""
+
+
+class InvalidDependency(DBWorkerError, InvalidTask):
+    """``task.using(after=[...])`` names something a task cannot wait for: not a task
+    result or id of this database, a task that does not exist (never enqueued, enqueued
+    in another database, or pruned by retention), or a dependency on itself. Give the
+    ``TaskResult`` of an ``enqueue()`` of a DBWorkerBackend task (or its id), or
+    ``after_row(...)``. Nothing was enqueued."""
+
+
+class DependencyFailed(DBWorkerError):
+    """A task this one waited for (``after=[...]``) ended FAILED or CANCELLED, so this one
+    was cancelled without running. Enqueue it with ``run_on_failure=True`` to run it
+    whatever its dependencies' outcome."""

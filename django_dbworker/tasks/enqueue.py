@@ -64,6 +64,11 @@ class Shared:
     unique_key: str = ""
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    #: Workflows (``workflows.dependencies``): WAITING with ``waiting_for`` dependencies
+    #: not met yet; the workflow the rows belong to.
+    status: str = TaskStatus.READY
+    waiting_for: int = 0
+    workflow_id: uuid.UUID | None = None
 
     @classmethod
     def of(cls, task: Task) -> Shared:
@@ -71,14 +76,17 @@ class Shared:
         run_after = task.run_after
         if isinstance(run_after, timedelta):
             run_after = now + run_after
+        waiting_for = getattr(task, "_waiting_for", 0)
         return cls(task.module_path, task.backend, task.queue_name, task.priority, run_after,
                    run_after or now, now, getattr(task, "idempotency_key", None),
-                   getattr(task, "_schedule", ""))
+                   getattr(task, "_schedule", ""),
+                   status=TaskStatus.WAITING if waiting_for else TaskStatus.READY,
+                   waiting_for=waiting_for, workflow_id=getattr(task, "_workflow_id", None))
 
 
 #: What a new row holds in the columns that nobody sets at enqueue.
 FRESH: dict[str, Any] = {
-    "status": TaskStatus.READY, "started_at": None, "last_attempted_at": None,
+    "started_at": None, "last_attempted_at": None,
     "finished_at": None, "errors": (), "worker_ids": (), "return_value": None,
     "progress": None, "progress_message": "", "snoozes": 0,
 }
@@ -116,7 +124,8 @@ class NewTask:
         return TaskRecord(
             id=uuid.UUID(self.id), task_path=s.task_path, backend=s.backend,
             queue_name=s.queue_name, priority=s.priority, args=self.args, kwargs=self.kwargs,
-            status=TaskStatus.READY, run_after=s.run_after, available_at=s.available_at,
+            status=s.status, waiting_for=s.waiting_for, workflow_id=s.workflow_id,
+            run_after=s.run_after, available_at=s.available_at,
             enqueued_at=s.enqueued_at, idempotency_key=s.idempotency_key, schedule=s.schedule,
             unique_key=s.unique_key, concurrency_key=s.concurrency_key,
             concurrency_limit=s.concurrency_limit,

@@ -16,6 +16,8 @@ from . import registry as task_registry
 
 DJANGO_STATUS = {
     TaskStatus.READY: TaskResultStatus.READY,
+    #: Waits for its dependencies (``after=[...]``): not started yet.
+    TaskStatus.WAITING: TaskResultStatus.READY,
     TaskStatus.RETRYING: TaskResultStatus.READY,
     TaskStatus.RUNNING: TaskResultStatus.RUNNING,
     TaskStatus.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,

@@ -1,6 +1,10 @@
 """Every change of a task row's status, each a guarded UPDATE that reports its row count.
 
     (enqueue)   -> READY        insert (run_after, priority, queue)
+    (enqueue)   -> WAITING      insert with dependencies not met yet (after=[...])
+    (enqueue)   -> CANCELLED    insert after a dependency already failed
+    WAITING     -> READY        release: its last dependency was met (workflows.release)
+    WAITING     -> CANCELLED    a dependency failed or was cancelled (DependencyFailed)
     READY       -> RUNNING      claim
     RETRYING    -> RUNNING      claim (once available_at has passed)
     RUNNING     -> SUCCESSFUL   succeed with the claim's token
@@ -12,11 +16,13 @@
     RUNNING     -> READY        snooze: the task raised Snooze, available after its delay
                                 (the attempt and its worker id taken back, snoozes + 1)
     READY       -> CANCELLED    cancel
+    WAITING     -> CANCELLED    cancel
     RETRYING    -> CANCELLED    cancel
     RUNNING     -> CANCELLED    cancel: the supervisor stops its process, then records it
     FAILED      -> READY        retry (a person asks for another attempt)
     CANCELLED   -> READY        retry
     READY       -> (deleted)    purge
+    WAITING     -> (deleted)    purge
     RETRYING    -> (deleted)    purge
 """
 
@@ -38,7 +44,14 @@ from django.utils import timezone
 from .. import conf
 from ..db import compiled, engine, engine_for, notify, sources
 from ..db.engine import Claim as EngineClaim
-from ..models import ANY_QUEUE_GUARD, TASK_CLAIMABLE, TaskRecord, TaskStatus, Transition
+from ..models import (
+    ANY_QUEUE_GUARD,
+    TASK_CLAIMABLE,
+    TaskDependency,
+    TaskRecord,
+    TaskStatus,
+    Transition,
+)
 from ..rows import keys
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
 from . import enqueue as newtasks
@@ -51,17 +64,21 @@ KEY_NAMESPACE = newtasks.KEY_NAMESPACE
 #: tests/test_status.py. "finish" is every record of a claimed attempt (succeed,
 #: fail_attempt, release, the supervisor's records of timeouts and cancels).
 TRANSITIONS: dict[str, Transition] = {
+    # created (no status before): READY, or WAITING / CANCELLED with dependencies
+    "enqueue": Transition((), to={TaskStatus.READY, TaskStatus.WAITING, TaskStatus.CANCELLED}),
     "claim": Transition(TASK_CLAIMABLE, to={TaskStatus.RUNNING}),
     "finish": Transition({TaskStatus.RUNNING}, to={
         TaskStatus.SUCCESSFUL, TaskStatus.RETRYING, TaskStatus.FAILED, TaskStatus.READY,
         TaskStatus.CANCELLED}),
     "unclaim": Transition({TaskStatus.RUNNING}, to={TaskStatus.READY}),
     "snooze": Transition({TaskStatus.RUNNING}, to={TaskStatus.READY}),
-    "cancel_waiting": Transition({TaskStatus.READY, TaskStatus.RETRYING},
+    "release": Transition({TaskStatus.WAITING}, to={TaskStatus.READY}),
+    "cancel_dependent": Transition({TaskStatus.WAITING}, to={TaskStatus.CANCELLED}),
+    "cancel_waiting": Transition({TaskStatus.READY, TaskStatus.WAITING, TaskStatus.RETRYING},
                                  to={TaskStatus.CANCELLED}),
     "cancel_running": Transition({TaskStatus.RUNNING}, to={TaskStatus.CANCELLED}),
     "retry": Transition({TaskStatus.FAILED, TaskStatus.CANCELLED}, to={TaskStatus.READY}),
-    "purge": Transition(TASK_CLAIMABLE, to=()),
+    "purge": Transition({*TASK_CLAIMABLE, TaskStatus.WAITING}, to=()),
 }
 
 
@@ -308,15 +325,46 @@ def succeed_many(done: Sequence[tuple[TaskClaim, Any, datetime]]) -> set[uuid.UU
     A child that runs many short tasks records them together: one round trip and one
     commit instead of one per task. Written out rather than built with the ORM (the same
     guard as ``_live``): ``UPDATE ... FROM`` the new values, which PostgreSQL and SQLite
-    (3.33+) both run."""
+    (3.33+) both run.
+
+    Tasks nobody waits for are recorded by that one statement, which also states
+    ``has_dependents = false``; a task some dependent waits for (its claim said so, or the
+    statement left it: a dependent was enqueued while it ran) is recorded in a
+    transaction with the release of its dependents (``workflows.release``)."""
     if not done:
         return set()
+    hinted = _hinted_dependents(done)
+    plain = [d for d in done if d[0].task_id not in hinted]
+    recorded = _succeed(plain, lone=True) if plain else set()
+    rest = [d for d in done if d[0].task_id not in recorded]
+    if rest:
+        using = _alias()
+        with transaction.atomic(using=using):
+            ended = _succeed(rest, lone=False)
+            if ended:
+                from ..workflows.release import resolve
+
+                resolve(using, [(pk, TaskStatus.SUCCESSFUL) for pk in ended])
+        recorded |= ended
+    return recorded
+
+
+def _hinted_dependents(done: Sequence[tuple[TaskClaim, Any, datetime]]) -> set[uuid.UUID]:
+    """The tasks whose claim saw ``has_dependents`` set."""
+    names = sources.columns(TaskRecord, _alias()).names
+    at = names.index("has_dependents")
+    return {c.task_id for c, _, _ in done if c.values and c.values[at]}
+
+
+def _succeed(done: Sequence[tuple[TaskClaim, Any, datetime]], *, lone: bool) -> set[uuid.UUID]:
+    """``succeed_many``'s statement; ``lone``: only tasks without dependents."""
     connection = connections[_alias()]
     field = functools.partial(keys.column_field, TaskRecord)
     quote = connection.ops.quote_name
     table = quote(TaskRecord._meta.db_table)
     column = {name: quote(keys.column_name(TaskRecord, name)) for name in
-              ("id", "token", "status", "return_value", "finished_at", "lease_expires_at")}
+              ("id", "token", "status", "return_value", "finished_at", "lease_expires_at",
+               "has_dependents")}
     (from_status,) = TRANSITIONS["finish"]
     sets = (f"{column['status']} = %s, {column['return_value']} = v.return_value, "
             f"{column['finished_at']} = v.finished_at, "
@@ -324,6 +372,9 @@ def succeed_many(done: Sequence[tuple[TaskClaim, Any, datetime]]) -> set[uuid.UU
     where = (f"{table}.{column['id']} = v.id AND {table}.{column['token']} = v.token "
              f"AND {table}.{column['status']} = %s")
     where_params: list[Any] = [from_status]
+    if lone:
+        where += f" AND {table}.{column['has_dependents']} = %s"
+        where_params.append(False)
     if lease_live(connection.alias):
         where += f" AND {table}.{column['lease_expires_at']} > %s"
         where_params.append(field("lease_expires_at").get_db_prep_save(timezone.now(),
@@ -348,7 +399,7 @@ def error_entry(info: FailureInfo, attempt: int, when: datetime) -> dict[str, An
     }
 
 
-def _kept_errors(stored: Any) -> list[Any]:
+def kept_errors(stored: Any) -> list[Any]:
     """The stored errors a new one is added to: only the objects of a list (a value
     changed outside django-dbworker, say by an UPDATE, is not kept)."""
     if not isinstance(stored, list):
@@ -370,14 +421,24 @@ def fail_attempt(
     now = timezone.now()
     with transaction.atomic(using=using):
         fenced = _live(c, using, now) if live else _fenced(c, using)
-        row = fenced.select_for_update().values("errors").first()
+        row = fenced.select_for_update().values("errors", "has_dependents").first()
         if row is None:
             return 0
-        errors = [*_kept_errors(row["errors"]), error_entry(info, c.attempt, now)]
+        errors = [*kept_errors(row["errors"]), error_entry(info, c.attempt, now)]
         done = {"token": None, "lease_expires_at": None, "errors": errors}
-        if retry_at is not None:
+        if retry_at is not None:  # a retry never releases dependents
             return fenced.update(status=TaskStatus.RETRYING, available_at=retry_at, **done)
-        return fenced.update(status=status, finished_at=now, **done)
+        changed = fenced.update(status=status, finished_at=now, **done)
+        if changed and row["has_dependents"]:
+            _resolve(using, c.task_id, status)
+        return changed
+
+
+def _resolve(using: str, task_id: Any, status: str) -> None:
+    """The dependents of a task that just ended ``status`` (``workflows.release``)."""
+    from ..workflows.release import resolve
+
+    resolve(using, [(task_id, status)])
 
 
 def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> int:
@@ -396,7 +457,7 @@ def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> i
         row = qs.select_for_update().values("errors").first()
         if row is None:
             return 0
-        errors = [*_kept_errors(row["errors"]), error_entry(crashed, c.attempt, now)]
+        errors = [*kept_errors(row["errors"]), error_entry(crashed, c.attempt, now)]
         return qs.update(status=TaskStatus.READY, crashes=F("crashes") + 1, errors=errors,
                          **back)
 
@@ -488,11 +549,15 @@ def cancel(result_id: Any) -> bool:
         waiting = TaskRecord.objects.using(using).filter(
             pk=row.pk, status__in=TRANSITIONS["cancel_waiting"]
         )
-        current = waiting.select_for_update().values("errors", "attempts").first()
+        current = waiting.select_for_update().values(
+            "errors", "attempts", "has_dependents").first()
         if current is not None:
             errors = [*current["errors"], error_entry(info, current["attempts"], now)]
-            return bool(waiting.update(status=TaskStatus.CANCELLED, finished_at=now,
-                                       cancel_requested_at=now, errors=errors))
+            changed = waiting.update(status=TaskStatus.CANCELLED, finished_at=now,
+                                     cancel_requested_at=now, errors=errors)
+            if changed and current["has_dependents"]:
+                _resolve(using, row.pk, TaskStatus.CANCELLED)
+            return bool(changed)
         return bool(
             TaskRecord.objects.using(using)
             .filter(pk=row.pk, status__in=TRANSITIONS["cancel_running"],
@@ -528,6 +593,8 @@ def prune_batch(cutoff: datetime, batch: int) -> int:
     if not ids:
         return 0
     uniqueness.forget_holders(ids)
+    # the edges of pruned dependents (those of pruned dependencies are kept: resolved)
+    TaskDependency.objects.using(using).filter(dependent_id__in=ids).delete()
     return TaskRecord.objects.using(using).filter(pk__in=ids).delete()[0]
 
 
@@ -611,8 +678,19 @@ def retry(task_ids: list[Any]) -> int:
 
 
 def purge(queues: list[str] | None) -> int:
-    """Delete the tasks waiting to run (READY, RETRYING) in ``queues`` (None: all)."""
-    qs = TaskRecord.objects.using(_alias()).filter(status__in=TRANSITIONS["purge"])
+    """Delete the tasks waiting to run (READY, WAITING, RETRYING) in ``queues`` (None:
+    all). Tasks waiting for a purged one are cancelled (``DependencyFailed``) as if it had
+    been cancelled: none waits forever for a task that is gone."""
+    using = _alias()
+    qs = TaskRecord.objects.using(using).filter(status__in=TRANSITIONS["purge"])
     if queues is not None:
         qs = qs.filter(queue_name__in=queues)
-    return qs.delete()[0]
+    with transaction.atomic(using=using):
+        awaited = list(qs.filter(has_dependents=True).select_for_update()
+                       .values_list("pk", flat=True))
+        deleted = qs.delete()[0]
+        if awaited:  # after the delete: a dependent purged too is not cancelled
+            from ..workflows.release import resolve
+
+            resolve(using, [(pk, TaskStatus.CANCELLED) for pk in awaited])
+        return deleted

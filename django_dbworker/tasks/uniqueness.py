@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 
 #: ``unique_while`` values and the statuses in which a holder keeps its key.
 HOLDING: dict[str, tuple[str, ...]] = {
-    "active": (TaskStatus.READY, TaskStatus.RETRYING, TaskStatus.RUNNING),
-    "waiting": (TaskStatus.READY, TaskStatus.RETRYING),
+    "active": (TaskStatus.READY, TaskStatus.WAITING, TaskStatus.RETRYING, TaskStatus.RUNNING),
+    "waiting": (TaskStatus.READY, TaskStatus.WAITING, TaskStatus.RETRYING),
 }
 #: The statuses in which ``on_duplicate="replace"`` changes the holder.
 REPLACEABLE = (TaskStatus.READY, TaskStatus.RETRYING)

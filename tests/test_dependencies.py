@@ -1,0 +1,221 @@
+"""Dependencies between tasks: ``task.using(after=[...], run_on_failure=...)``, in-process."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.tasks import TaskResultStatus, default_task_backend
+from django.utils import timezone
+
+from django_dbworker.exceptions import InvalidDependency
+from django_dbworker.models import DependencyState, TaskDependency, TaskRecord, TaskStatus
+from django_dbworker.testing import run_until_idle
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def status(result) -> str:
+    return TaskRecord.objects.get(pk=result.id).status
+
+
+def row(result) -> TaskRecord:
+    return TaskRecord.objects.get(pk=result.id)
+
+
+def test_a_dependent_waits_and_runs_after_its_dependency_succeeded():
+    a = tasks.add.enqueue(1, 2)
+    b = tasks.add.using(after=[a]).enqueue(3, 4)
+    assert b.status == TaskResultStatus.READY  # Django's status of WAITING
+    assert b.dbworker_status == TaskStatus.WAITING
+    stored = row(b)
+    assert stored.status == TaskStatus.WAITING and stored.waiting_for == 1
+    assert row(a).has_dependents and not stored.has_dependents
+    edge = TaskDependency.objects.get(dependent_id=b.id)
+    assert edge.dependency_id == uuid.UUID(a.id) and edge.state == DependencyState.WAITING
+    assert run_until_idle() == {"successful": 2}
+    assert status(b) == TaskStatus.SUCCESSFUL
+    edge.refresh_from_db()
+    assert edge.state == DependencyState.MET and edge.resolved_at is not None
+    assert row(a).finished_at <= row(b).started_at
+
+
+def test_a_waiting_task_is_never_claimed():
+    a = tasks.add.using(run_after=timedelta(hours=1)).enqueue(1, 2)
+    tasks.add.using(after=[a]).enqueue(3, 4)
+    assert run_until_idle() == {}
+
+
+def test_the_last_of_several_dependencies_releases():
+    a, b = tasks.add.enqueue(1, 1), tasks.add.using(run_after=timedelta(hours=1)).enqueue(2, 2)
+    c = tasks.add.using(after=[a, b]).enqueue(3, 3)
+    assert row(c).waiting_for == 2
+    assert run_until_idle() == {"successful": 1}
+    assert status(c) == TaskStatus.WAITING and row(c).waiting_for == 1
+    TaskRecord.objects.filter(pk=b.id).update(available_at=timezone.now())
+    assert run_until_idle() == {"successful": 2}
+    assert status(c) == TaskStatus.SUCCESSFUL
+
+
+def test_a_released_dependent_keeps_its_run_after():
+    a = tasks.add.enqueue(1, 1)
+    later = timezone.now() + timedelta(hours=1)
+    b = tasks.add.using(after=[a], run_after=later).enqueue(2, 2)
+    assert run_until_idle() == {"successful": 1}
+    stored = row(b)
+    assert stored.status == TaskStatus.READY and stored.available_at == later
+
+
+def test_a_failed_dependency_cancels_its_dependents_and_theirs():
+    a = tasks.always_fails.enqueue()
+    b = tasks.add.using(after=[a]).enqueue(1, 1)
+    c = tasks.add.using(after=[b]).enqueue(2, 2)
+    run_until_idle()
+    assert status(a) == TaskStatus.FAILED
+    for dependent, named in ((b, a), (c, b)):
+        stored = row(dependent)
+        assert stored.status == TaskStatus.CANCELLED and stored.finished_at is not None
+        (error,) = stored.failure_dicts()
+        assert error["exception_class"] == "django_dbworker.exceptions.DependencyFailed"
+        assert str(named.id) in error["message"]
+        assert "tests.testapp.tasks." in error["message"]
+        assert ("FAILED" if named is a else "CANCELLED") in error["message"]
+    assert default_task_backend.get_result(c.id).status == TaskResultStatus.FAILED
+
+
+def test_retries_do_not_release_early():
+    a = tasks.flaky.enqueue(succeed_on=3)
+    b = tasks.add.using(after=[a]).enqueue(1, 1)
+    claimed = []
+    while status(a) != TaskStatus.SUCCESSFUL:
+        run_until_idle()  # one attempt each time: the retry waits 0 seconds
+        claimed.append((status(a), status(b)))
+        assert len(claimed) < 10
+    assert all(s_b == TaskStatus.WAITING for s_a, s_b in claimed if s_a == TaskStatus.RETRYING)
+    run_until_idle()
+    assert status(b) == TaskStatus.SUCCESSFUL
+
+
+def test_run_on_failure_runs_after_a_failed_dependency():
+    a = tasks.always_fails.enqueue()
+    b = tasks.add.using(after=[a], run_on_failure=True).enqueue(1, 1)
+    run_until_idle()
+    assert status(a) == TaskStatus.FAILED and status(b) == TaskStatus.SUCCESSFUL
+
+
+def test_cancelling_a_dependency_cancels_its_dependents():
+    a = tasks.add.using(run_after=timedelta(hours=1)).enqueue(1, 1)
+    b = tasks.add.using(after=[a]).enqueue(1, 1)
+    assert default_task_backend.get_result(a.id).dbworker_status == TaskStatus.READY
+    import django_dbworker
+
+    assert django_dbworker.cancel(a.id)
+    assert status(b) == TaskStatus.CANCELLED
+    assert "CANCELLED" in row(b).failure_dicts()[0]["message"]
+
+
+def test_cancelling_a_waiting_task():
+    a = tasks.add.using(run_after=timedelta(hours=1)).enqueue(1, 1)
+    b = tasks.add.using(after=[a]).enqueue(1, 1)
+    c = tasks.add.using(after=[b]).enqueue(1, 1)
+    import django_dbworker
+
+    assert django_dbworker.cancel(b.id)
+    assert status(b) == TaskStatus.CANCELLED and status(c) == TaskStatus.CANCELLED
+    TaskRecord.objects.filter(pk=a.id).update(available_at=timezone.now())
+    assert run_until_idle() == {"successful": 1}
+    assert status(b) == TaskStatus.CANCELLED
+
+
+def test_enqueued_after_the_dependency_ended():
+    a = tasks.add.enqueue(1, 1)
+    f = tasks.always_fails.enqueue()
+    run_until_idle()
+    ok = tasks.add.using(after=[a]).enqueue(2, 2)
+    assert ok.dbworker_status == TaskStatus.READY and row(ok).waiting_for == 0
+    assert TaskDependency.objects.get(dependent_id=ok.id).state == DependencyState.MET
+    broken = tasks.add.using(after=[a, f]).enqueue(2, 2)
+    assert broken.dbworker_status == TaskStatus.CANCELLED
+    assert broken.status == TaskResultStatus.FAILED
+    assert "DependencyFailed" in broken.errors[0].exception_class_path
+    states = dict(TaskDependency.objects.filter(dependent_id=broken.id)
+                  .values_list("position", "state"))
+    assert states == {0: DependencyState.MET, 1: DependencyState.BROKEN}
+    anyway = tasks.add.using(after=[f], run_on_failure=True).enqueue(2, 2)
+    assert anyway.dbworker_status == TaskStatus.READY
+    assert run_until_idle() == {"successful": 2}
+
+
+def test_enqueue_many_shares_the_dependencies():
+    a = tasks.add.enqueue(1, 1)
+    results = tasks.add.using(after=[a]).enqueue_many([((i, i), {}) for i in range(3)])
+    assert {status(r) for r in results} == {TaskStatus.WAITING}
+    assert TaskDependency.objects.filter(dependency_id=a.id).count() == 3
+    assert run_until_idle() == {"successful": 4}
+
+
+def test_ids_as_text_or_uuid():
+    a = tasks.add.enqueue(1, 1)
+    b = tasks.add.using(after=[a.id, uuid.UUID(a.id)]).enqueue(1, 1)
+    assert row(b).waiting_for == 2
+    run_until_idle()
+    assert status(b) == TaskStatus.SUCCESSFUL
+
+
+# ----- bad input -----------------------------------------------------------------------
+
+
+def test_unknown_id_is_refused_and_nothing_is_stored():
+    missing = uuid.uuid4()
+    with pytest.raises(InvalidDependency, match=f"{missing}.*not in database 'default'"):
+        tasks.add.using(after=[missing]).enqueue(1, 1)
+    assert not TaskRecord.objects.exists() and not TaskDependency.objects.exists()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("not-a-uuid", "not a task id"),
+    (42, r"after\[0\] is 42 \(int\)"),
+    (None, r"after\[0\] is None"),
+])
+def test_bad_items_are_refused_by_name(bad, message):
+    with pytest.raises(InvalidDependency, match=message):
+        tasks.add.using(after=[bad])
+
+
+def test_a_task_instead_of_its_result():
+    with pytest.raises(InvalidDependency, match="enqueue it first"):
+        tasks.add.using(after=[tasks.add])
+
+
+def test_after_must_be_a_list():
+    a = tasks.add.enqueue(1, 1)
+    with pytest.raises(InvalidDependency, match="must be a list"):
+        tasks.add.using(after=a)
+    with pytest.raises(InvalidDependency, match="must be a list"):
+        tasks.add.using(after=a.id)
+
+
+def test_a_result_of_another_kind_of_backend():
+    from django.tasks.backends.immediate import ImmediateBackend
+
+    other = ImmediateBackend("immediate", {})
+    result = other.enqueue(tasks.add, (1, 1), {})
+    with pytest.raises(InvalidDependency, match="not a DBWorkerBackend"):
+        tasks.add.using(after=[result])
+
+
+def test_on_commit_is_refused():
+    a = tasks.add.enqueue(1, 1)
+    with pytest.raises(InvalidDependency, match="on commit"):
+        tasks.add.using(after=[a], enqueue_on_commit=True).enqueue(1, 1)
+    with pytest.raises(InvalidDependency, match="on commit"):
+        tasks.committed.using(after=[a]).enqueue(1)
+
+
+def test_run_on_failure_must_be_a_bool():
+    from django.tasks.exceptions import InvalidTask
+
+    with pytest.raises(InvalidTask, match="run_on_failure"):
+        tasks.add.using(run_on_failure="yes")
