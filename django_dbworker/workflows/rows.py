@@ -125,7 +125,7 @@ def release_ended_rows(using: str | None = None, limit: int = BATCH) -> int:
 
 def _resolve(using: str, found: list[tuple[Any, ...]]) -> int:
     from .dependencies import broken_message
-    from .release import _cancel_with, _release, resolve
+    from .release import cancel_with, lower_waiting, resolve
 
     now = timezone.now()
     edges = TaskDependency.objects.using(using)
@@ -150,10 +150,10 @@ def _resolve(using: str, found: list[tuple[Any, ...]]) -> int:
         if ids:
             edges.filter(pk__in=ids, state=DependencyState.WAITING).update(
                 state=to, resolved_at=now)
-    released = _release(using, met, now)
-    cascade = _cancel_with(using, broken, now) if broken else {}
+    released = lower_waiting(using, met, now)
+    cascade = cancel_with(using, broken, now) if broken else {}
     if cascade:
-        resolve(using, cascade.items())  # the cancelled ones' own dependents
+        resolve(using, [(pk, TaskStatus.CANCELLED) for pk in cascade])  # their dependents
     if released:
         notify.announce(using, "task")
     return len(met_ids) + len(broken_ids)
