@@ -14,6 +14,7 @@ __all__ = [
     "after_row",
     "cancel",
     "cron",
+    "dependency_results",
     "execution_status",
     "has_execution_status",
     "has_task_status",
@@ -36,12 +37,14 @@ if TYPE_CHECKING:
     from .scheduling import cron
     from .status import execution_status, has_execution_status
     from .tasks.store import cancel
+    from .workflows.results import dependency_results
     from .workflows.rows import after_row
     from .workflows.task_status import has_task_status
 
 _LAZY = {
     "cancel": ("tasks.store", "cancel"),
     "cron": ("scheduling", "cron"),
+    "dependency_results": ("workflows.results", "dependency_results"),
     "set_progress": ("progress", "set_progress"),
     "pause": ("pausing", "pause"),
     "paused": ("pausing", "paused"),

@@ -219,3 +219,111 @@ def test_run_on_failure_must_be_a_bool():
 
     with pytest.raises(InvalidTask, match="run_on_failure"):
         tasks.add.using(run_on_failure="yes")
+
+
+# ----- result passing -------------------------------------------------------------------
+
+
+def test_a_dependent_reads_its_dependencies_results_in_after_order():
+    a, b = tasks.add.enqueue(1, 2), tasks.add.enqueue(10, 20)
+    f = tasks.always_fails.enqueue()
+    join = tasks.join_effect.using(after=[b, a, f], run_on_failure=True).enqueue(1)
+    assert join.dependencies == [None, None, None]  # none has succeeded yet
+    run_until_idle()
+    stored = default_task_backend.get_result(join.id)
+    assert stored.return_value == [30, 3, None]  # a failed one gives None
+    assert stored.dependencies == [30, 3, None]
+    assert tasks.add.enqueue(0, 0).dependencies == []
+
+
+def test_a_pruned_dependency_gives_none():
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.add.enqueue(1, 2)
+    join = tasks.join_effect.using(after=[a]).enqueue(1)
+    run_until_idle()
+    TaskRecord.objects.filter(pk=a.id).update(finished_at=timezone.now() - timedelta(days=9))
+    assert taskstore.prune(timedelta(days=7), 100) == 1
+    assert default_task_backend.get_result(join.id).dependencies == [None]
+    assert default_task_backend.get_result(join.id).return_value == [3]  # kept as it ran
+
+
+def test_dependency_results_outside_a_task():
+    import django_dbworker
+
+    with pytest.raises(RuntimeError, match="inside a running task"):
+        django_dbworker.dependency_results()
+
+
+# ----- exactly once -----------------------------------------------------------------------
+
+
+def test_a_dependency_that_ends_again_counts_once():
+    """A dependency that failed (met under run_on_failure), is retried by a person and then
+    succeeds must not lower its dependent's count a second time: its edge was resolved
+    once. (Without the edge's ``state = 'waiting'`` guard, the dependent is released while
+    its other dependency still runs.)"""
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.always_fails.enqueue()
+    later = tasks.add.using(run_after=timedelta(hours=1)).enqueue(1, 1)
+    d = tasks.add.using(after=[a, later], run_on_failure=True).enqueue(1, 1)
+    run_until_idle()
+    assert status(a) == TaskStatus.FAILED and row(d).waiting_for == 1
+    assert taskstore.retry([a.id]) == 1
+    TaskRecord.objects.filter(pk=a.id).update(task_path=tasks.add.module_path,
+                                              args=[1, 1])
+    run_until_idle()
+    assert status(a) == TaskStatus.SUCCESSFUL
+    assert status(d) == TaskStatus.WAITING and row(d).waiting_for == 1
+
+
+def test_a_dependent_enqueued_while_its_dependency_runs_is_released():
+    """The claim said the dependency had no dependents; the completion's one statement
+    (``has_dependents = false``) leaves it, and the transactional path records it with the
+    release."""
+    from django_dbworker.rows.store import Claimant
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.add.enqueue(1, 1)
+    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    b = tasks.add.using(after=[a]).enqueue(2, 2)
+    assert taskstore.succeed_many([(claim, 2, timezone.now())]) == {uuid.UUID(a.id)}
+    assert status(a) == TaskStatus.SUCCESSFUL and status(b) == TaskStatus.READY
+
+
+def test_operators_retry_of_a_failed_dependency_leaves_its_dependents_cancelled():
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.always_fails.enqueue()
+    b = tasks.add.using(after=[a]).enqueue(1, 1)
+    run_until_idle()
+    assert status(b) == TaskStatus.CANCELLED
+    taskstore.retry([a.id])
+    TaskRecord.objects.filter(pk=a.id).update(task_path=tasks.add.module_path, args=[1, 1])
+    run_until_idle()
+    assert status(a) == TaskStatus.SUCCESSFUL and status(b) == TaskStatus.CANCELLED
+    assert taskstore.retry([b.id]) == 1  # retried itself, it runs (its edges stay broken)
+    assert run_until_idle() == {"successful": 1}
+
+
+def test_purge_cancels_the_dependents_of_what_it_deletes():
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.add.using(run_after=timedelta(hours=1)).enqueue(1, 1)
+    b = tasks.add.using(after=[a], queue_name="emails").enqueue(1, 1)
+    c = tasks.add.using(after=[a]).enqueue(1, 1)
+    assert taskstore.purge(["default"]) == 2  # a and c
+    assert status(b) == TaskStatus.CANCELLED
+    assert not TaskRecord.objects.filter(pk__in=[a.id, c.id]).exists()
+
+
+def test_idempotency_key_returns_the_holder_without_new_edges():
+    a = tasks.add.enqueue(1, 1)
+    first = tasks.add.using(after=[a], idempotency_key="k1").enqueue(1, 1)
+    again = tasks.add.using(after=[a], idempotency_key="k1").enqueue(1, 1)
+    assert again.id == first.id
+    assert TaskDependency.objects.filter(dependent_id=first.id).count() == 1
+    assert row(first).waiting_for == 1
+    run_until_idle()
+    assert status(first) == TaskStatus.SUCCESSFUL

@@ -40,6 +40,14 @@ class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
     #: Times the task raised ``Snooze`` (not attempts: ``attempts`` does not count them).
     snoozes: int = 0
 
+    @property
+    def dependencies(self) -> list[Any]:
+        """The return values of the tasks this one was enqueued after (``after=[...]``), in
+        that order, read from the database now (``workflows.results``)."""
+        from ..workflows.results import results_of
+
+        return results_of(self.id)
+
     def refresh(self) -> None:
         fresh = self.task.get_backend().get_result(self.id)
         for attr in (*TASK_REFRESH_ATTRS, *OUR_ATTRS):

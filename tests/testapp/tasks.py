@@ -338,3 +338,25 @@ if os.environ.get("DBWORKER_TEST_CONCURRENCY"):  # the supervisors of test_concu
 def unique_and_limited(account, n):
     """test_uniqueness: unique per call and one running per account."""
     return n
+
+
+# ----- workflows (tests/test_dependencies.py, test_dependency_races.py) -----------------
+
+
+@task
+def until(at):
+    """Returns at the wall-clock instant ``at`` (``time.time()``): two of these end at the
+    same instant in two supervisors. Returns the pid of the process that ran it."""
+    delay = at - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    return os.getpid()
+
+
+@task
+def join_effect(n):
+    """One Effect per run; returns its dependencies' results."""
+    from django_dbworker import dependency_results
+
+    Effect.objects.create(item_id=n, worker="join", pid=os.getpid())
+    return dependency_results()
