@@ -8,12 +8,13 @@ For each database (its own, created and removed here): ``--runs`` times, alterna
 ``noop.enqueue_many([((), {})] * --tasks)`` (one transaction, a multi-row INSERT per
 1,000 calls, pipelined on PostgreSQL),
 ``touch.enqueue_many([((i,), {"note": "n<i>"}) for i in range(--tasks)])`` (the same with
-arguments that differ per call, as most real calls) and a loop of ``--loop`` calls of
+arguments that differ per call, as most real calls), ``noop.enqueue_many(calls,
+workflow="bench")`` (a batch with an id: a Workflow row too) and a loop of ``--loop`` calls of
 ``noop.enqueue()`` (each its own transaction, as a web request would), on an emptied task
 table each time.
 
 Figures: ``many_per_s`` = tasks / median seconds of ``enqueue_many`` without arguments,
-``many_args_per_s`` the same with arguments; ``loop_per_s`` = loop calls / median seconds
+``many_args_per_s`` the same with arguments, ``many_batch_per_s`` as a batch with an id; ``loop_per_s`` = loop calls / median seconds
 of the loop; ``ratio`` = seconds per task in the loop / seconds per task in
 ``enqueue_many``. Targets: ``many_per_s`` >= 50,000 on PostgreSQL, ratio >= 20.
 
@@ -74,7 +75,7 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
         touch = import_string(TASK_WITH_ARGS)
         calls = [((), {})] * args.tasks
         with_args = [((i,), {"note": f"n{i}"}) for i in range(args.tasks)]
-        many, many_args, loop, loads = [], [], [], []
+        many, many_args, loop, loads, batch = [], [], [], [], []
         benchlib.load_tasks(TASK, 0)
         task.enqueue_many(calls[:100])  # warm up: imports, connection, compiled statements
         for _ in range(args.runs):
@@ -87,6 +88,11 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
             started = time.perf_counter()
             touch.enqueue_many(with_args)
             many_args.append(time.perf_counter() - started)
+            if hasattr(task, "step"):  # a batch with an id (workflows; not before them)
+                benchlib.load_tasks(TASK, 0)
+                started = time.perf_counter()
+                task.enqueue_many(calls, workflow="bench")
+                batch.append(time.perf_counter() - started)
             benchlib.load_tasks(TASK, 0)
             started = time.perf_counter()
             for _ in range(args.loop):
@@ -105,6 +111,8 @@ def measure_database(db: str, args: argparse.Namespace) -> dict[str, Any]:
             "many_per_s": round(1 / per_many), "loop_per_s": round(1 / per_loop),
             "many_args_per_s": round(args.tasks / statistics.median(many_args)),
             "ratio": round(per_loop / per_many, 1),
+            "many_batch_s": [round(s, 4) for s in batch],
+            "many_batch_per_s": round(args.tasks / statistics.median(batch)) if batch else None,
         }
 
 

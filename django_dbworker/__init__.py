@@ -13,9 +13,11 @@ __all__ = [
     "Unfinished",
     "after_row",
     "cancel",
+    "chain",
     "cron",
     "dependency_results",
     "execution_status",
+    "group",
     "has_execution_status",
     "has_task_status",
     "pause",
@@ -37,12 +39,15 @@ if TYPE_CHECKING:
     from .scheduling import cron
     from .status import execution_status, has_execution_status
     from .tasks.store import cancel
+    from .workflows.builder import chain, group
     from .workflows.results import dependency_results
     from .workflows.rows import after_row
     from .workflows.task_status import has_task_status
 
 _LAZY = {
     "cancel": ("tasks.store", "cancel"),
+    "chain": ("workflows.builder", "chain"),
+    "group": ("workflows.builder", "group"),
     "cron": ("scheduling", "cron"),
     "dependency_results": ("workflows.results", "dependency_results"),
     "set_progress": ("progress", "set_progress"),

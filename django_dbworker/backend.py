@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ from .tasks.rates import parse_rate
 
 if TYPE_CHECKING:
     from .tasks.results import DBWorkerTaskResult
+    from .workflows.builder import Step
 
 #: A retry delay grows at most by this factor per attempt (``delay * factor ** n`` is a float:
 #: the retry delay is capped by ``retry_max_delay``, and this keeps the power finite).
@@ -99,8 +101,9 @@ class DBWorkerTask(Task):
     _schedule: str = field(default="", repr=False)
     #: Set by ``workflows.dependencies``: dependencies not met yet (WAITING when > 0).
     _waiting_for: int = field(default=0, repr=False)
-    #: The ``Workflow`` the enqueued tasks belong to (set by the workflow builder).
-    _workflow_id: Any = field(default=None, repr=False)
+    #: The workflow (or ``enqueue_many`` batch) the calls are stored in: set by
+    #: ``django_dbworker.workflows`` only, in the transaction that stores the ``Workflow``.
+    _workflow_id: uuid.UUID | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         Task.__post_init__(self)
@@ -132,12 +135,28 @@ class DBWorkerTask(Task):
         return replace(self, **{name: v for name, v in given.items() if v is not None})
 
     def enqueue_many(
-        self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
+        self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *,
+        workflow: str | bool = False,
     ) -> list[DBWorkerTaskResult]:
-        """Enqueue one call per ``(args, kwargs)`` in one transaction; results in order."""
+        """Enqueue one call per ``(args, kwargs)`` in one transaction; results in order.
+
+        ``workflow``: True, or a name, stores the calls as one batch (a ``Workflow``, the
+        id on each result's ``workflow_id``: ``django_dbworker.workflows.get(id)`` for its
+        progress, ``cancel()``, the admin and ``dbworker workflow ID``)."""
+        if workflow is not False:
+            from .workflows.builder import enqueue_batch
+
+            return enqueue_batch(self, calls, workflow)
         # Our backend's task_class; another backend has no enqueue_many (AttributeError).
         backend = cast(DBWorkerBackend, self.get_backend())
         return backend.enqueue_many(self, calls)
+
+    def step(self, *args: Any, **kwargs: Any) -> Step:
+        """This call as a step of a workflow (``chain``, ``group``), with this task's
+        options (``.using(...)`` before ``.step()``); nothing is enqueued yet."""
+        from .workflows.builder import Step
+
+        return Step(self, args, kwargs)
 
     @property
     def timeout_seconds(self) -> float | None:

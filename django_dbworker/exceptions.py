@@ -111,3 +111,14 @@ class DependencyFailed(DBWorkerError):
     """A task this one waited for (``after=[...]``) ended FAILED or CANCELLED, so this one
     was cancelled without running. Enqueue it with ``run_on_failure=True`` to run it
     whatever its dependencies' outcome."""
+
+
+class InvalidWorkflow(DBWorkerError, ValueError):
+    """A workflow was built wrong (``chain``, ``group``, ``task.step``, ``enqueue(name=...,
+    on_complete=...)``, ``enqueue_many(..., workflow=...)``); the message names the item
+    and what to give instead. Nothing was enqueued."""
+
+
+class UnknownWorkflow(DBWorkerError, LookupError):
+    """No workflow has this id (``django_dbworker.workflows.get``, ``dbworker workflow``):
+    check the id (``dbworker workflows`` lists recent ones)."""

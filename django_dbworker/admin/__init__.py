@@ -1,6 +1,6 @@
-"""The Django admin of django-dbworker: executions, tasks, supervisors, stored schedules and
-the dashboard, registered on the default admin site; and ``WorkerStatusMixin`` for your own
-admins."""
+"""The Django admin of django-dbworker: executions, tasks, workflows, supervisors, stored
+schedules and the dashboard, registered on the default admin site; and
+``WorkerStatusMixin`` for your own admins."""
 
 from . import (  # noqa: F401 - they register
     dashboard,
@@ -9,6 +9,7 @@ from . import (  # noqa: F401 - they register
     schedules,
     supervisors,
     tasks,
+    workflows,
 )
 from .mixins import WorkerStatusMixin
 

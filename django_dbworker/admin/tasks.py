@@ -61,7 +61,7 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     fieldsets = [
         (None, {"fields": ["id", "task_path", "status_badge", "queue_name", "priority",
                            "backend", "attempts", "crashes", "snoozes", "schedule",
-                           "idempotency_key", "unique_key"]}),
+                           "idempotency_key", "unique_key", "workflow"]}),
         ("Call", {"fields": ["args_display", "kwargs_display", "result_display"]}),
         ("Progress", {"fields": ["progress_bar"]}),
         ("Times", {"fields": ["enqueued_at", "run_after", "available_at", "started_at",
@@ -132,6 +132,15 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     def duration(self, obj: TaskRecord) -> str:
         return display.duration(obj.last_attempted_at, obj.finished_at,
                                 running=obj.status == TaskStatus.RUNNING)
+
+    @admin.display(description="workflow")
+    def workflow(self, obj: TaskRecord) -> SafeString | str:
+        if obj.workflow_id is None:
+            return display.EMPTY
+        from .workflows import workflow_url
+
+        return format_html('<a href="{}">{}</a>', workflow_url(obj.workflow_id),
+                           obj.workflow_id)
 
     @admin.display(description="arguments")
     def args_display(self, obj: TaskRecord) -> SafeString | str:

@@ -148,7 +148,8 @@ def ids(shared: Shared, count: int) -> list[str]:
     """Ids for ``count`` new rows: random (version 4), read from the OS in one call.
 
     A keyed task's id follows from its key, so a result handed out before the row is
-    stored (enqueue on commit) names the task that holds the key, whoever wrote it.
+    stored (enqueue on commit) names the task that holds the key, whoever wrote it. The
+    ids of a workflow's calls are sorted, so that its members read back in call order.
     """
     key = shared.idempotency_key
     if key:
@@ -164,7 +165,11 @@ def ids(shared: Shared, count: int) -> list[str]:
     for digit, place in enumerate(_ID_PLACES):
         text[place::37] = digits[digit::32]
     text[36::37] = b" " * count
-    return text.decode().split()
+    made = text.decode().split()
+    if shared.workflow_id is not None:
+        # A workflow's members read back in call order: by enqueued_at, then id.
+        made.sort()
+    return made
 
 
 _VERSION_4 = bytes(b & 0x0F | 0x40 for b in range(256))

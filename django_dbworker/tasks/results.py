@@ -39,6 +39,9 @@ class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
     idempotency_key: str | None = None
     #: Times the task raised ``Snooze`` (not attempts: ``attempts`` does not count them).
     snoozes: int = 0
+    #: The workflow (or ``enqueue_many(..., workflow=...)`` batch) the task belongs to:
+    #: ``django_dbworker.workflows.get(result.workflow_id)``.
+    workflow_id: str | None = None
 
     @property
     def dependencies(self) -> list[Any]:
@@ -88,6 +91,7 @@ def to_result(row: TaskRecord, alias: str, task: Task | None = None) -> DBWorker
         progress_message=row.progress_message,
         idempotency_key=row.idempotency_key,
         snoozes=row.snoozes,
+        workflow_id=None if row.workflow_id is None else str(row.workflow_id),
     )
     object.__setattr__(result, "_return_value", row.return_value)
     return result

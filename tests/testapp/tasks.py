@@ -360,3 +360,31 @@ def join_effect(n):
 
     Effect.objects.create(item_id=n, worker="join", pid=os.getpid())
     return dependency_results()
+
+
+# ----- workflows (tests/test_workflow_groups.py, test_workflow_browser.py) --------------
+
+
+@task
+def wf_step(n, fail=False):
+    """One Effect per run; returns n (or raises, with ``fail``)."""
+    Effect.objects.create(item_id=n, worker="wf_step", pid=os.getpid())
+    if fail:
+        raise ValueError(f"step {n} failed")
+    return n
+
+
+@task
+def wf_callback(workflow_id, label=""):
+    """A completion callback: one Effect per run, noting the workflow it was called for."""
+    Effect.objects.create(item_id=0, worker="wf_callback", note=workflow_id, pid=os.getpid())
+    return label
+
+
+@task
+def wf_wait(n, path):
+    """Waits until ``path`` exists, so that many end at about the same instant."""
+    while not os.path.exists(path):
+        time.sleep(0.005)
+    Effect.objects.create(item_id=n, worker="wf_wait", pid=os.getpid())
+    return n

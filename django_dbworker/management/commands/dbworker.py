@@ -19,6 +19,7 @@ from django_dbworker.cli import (
     reports,
     schedules,
     triggers,
+    workflows,
 )
 
 SCHEMA_VERSION = 1
@@ -28,7 +29,8 @@ MAX_LIMIT = 2**31 - 1
 
 class Command(BaseCommand):
     help = ("Inspect and fix background work: inspect, stats, failed, dead, retry, reset, "
-            "cancel, purge, prune, triggers, schedules, pause, resume, paused. "
+            "cancel, purge, prune, triggers, schedules, pause, resume, paused, workflow, "
+            "workflows. "
             "'manage.py dbworker SUBCOMMAND --help' for each.")
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -82,6 +84,12 @@ class Command(BaseCommand):
             if name == "pause":
                 p.add_argument("--reason", default="", help="Shown with the pause.")
         add("paused", "The paused task queues and row workers, and since when.")
+        p = add("workflow", "A workflow (or enqueue_many batch): progress, members and "
+                "their dependencies with statuses.")
+        p.add_argument("id", metavar="ID")
+        p.add_argument("--limit", type=int, default=1000, help="At most this many members.")
+        p = add("workflows", "The most recent workflows and their progress.")
+        p.add_argument("--limit", type=int, default=50, help="At most this many.")
 
         schedules.arguments(add("schedules", "Cron schedules (code-declared and stored) and "
                                 "their next run; add, edit, enable, disable, remove stored ones."))
@@ -115,9 +123,7 @@ class Command(BaseCommand):
         elif name == "stats":
             doc, text = reports.stats(options["workers"], options["queues"]), render.stats
         elif name == "failed":
-            if not 0 <= options["limit"] <= MAX_LIMIT:
-                raise CommandError(f"--limit {options['limit']}: give a whole number from 0 "
-                                   f"to {MAX_LIMIT}.")
+            self._limit(options)
             doc = reports.failed(options["workers"], options["queues"],
                                  limit=options["limit"], traceback=options["tracebacks"])
 
@@ -129,9 +135,21 @@ class Command(BaseCommand):
             text = render.triggers
         elif name == "paused":
             doc, text = pauses.paused(), render.paused
+        elif name == "workflow":
+            self._limit(options)
+            doc = workflows.workflow(options["id"], options["limit"])
+            text = workflows.render_workflow
+        elif name == "workflows":
+            self._limit(options)
+            doc, text = workflows.workflows(options["limit"]), workflows.render_workflows
         else:
             doc, text = reports.dead(), render.dead
         self._print(name, doc, text, options["json"])
+
+    def _limit(self, options: dict[str, Any]) -> None:
+        if not 0 <= options["limit"] <= MAX_LIMIT:
+            raise CommandError(f"--limit {options['limit']}: give a whole number from 0 "
+                               f"to {MAX_LIMIT}.")
 
     # ----- changes ----------------------------------------------------------------------
 
