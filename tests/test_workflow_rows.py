@@ -288,3 +288,33 @@ def test_tasks_wait_for_rows_in_two_real_supervisors(runworkers):
         lags.append((started - ended[str(item.pk)]).total_seconds())
     assert record(every).started_at >= max(ended.values())
     assert max(lags) < 5, lags  # POLL_INTERVAL is 0.1 s here; the machine is shared
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-stats", "analyzed"])
+def test_the_release_query_reads_the_waiting_index_not_the_history(analyzed):
+    """5,000 row edges resolved long ago and 5 still waiting: the supervisors' look goes
+    through ``dbworker_dependency_waiting`` (its cost follows the waiting row edges), on
+    every database, with and without the planner's statistics."""
+    from django.db import connection
+
+    from django_dbworker.models import DependencyState, TaskDependency
+    from django_dbworker.workflows.rows import ended_rows
+
+    TaskDependency.objects.bulk_create(
+        [TaskDependency(dependent_id=uuid.uuid4(), row_worker="touch", row_source_id=str(n),
+                        state=DependencyState.MET) for n in range(5_000)]
+        + [TaskDependency(dependent_id=uuid.uuid4(), dependency_id=uuid.uuid4(),
+                          state=DependencyState.WAITING) for _ in range(2_000)]
+        + [TaskDependency(dependent_id=uuid.uuid4(), row_worker="touch",
+                          row_source_id=str(n)) for n in range(5)], batch_size=1000)
+    table = TaskDependency._meta.db_table
+    with connection.cursor() as cursor:
+        if analyzed:
+            cursor.execute(f"ANALYZE {table}" if connection.vendor != "mysql"
+                           else f"ANALYZE TABLE {table}")
+            if connection.vendor == "mysql":
+                cursor.fetchall()
+    qs = ended_rows("default")
+    plan = qs.explain()
+    assert "dbworker_dependency_waiting" in plan, plan
+    assert list(qs) == []

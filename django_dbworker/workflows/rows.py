@@ -19,7 +19,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from .. import conf
@@ -93,7 +93,7 @@ def after_row(worker: str | Worker, row: models.Model | Any) -> RowDependency:
     return RowDependency(w.name, key, pk)
 
 
-def ended_rows(using: str, limit: int = BATCH) -> list[tuple[Any, ...]]:
+def ended_rows(using: str, limit: int = BATCH) -> QuerySet[TaskDependency, Any]:
     """The waiting row edges whose execution has ended: ``(edge id, dependent id,
     condition, worker, source key, execution state)``. Read through the index
     ``dbworker_dependency_waiting`` (``state = 'waiting' AND row_worker > ''``: only the
@@ -102,12 +102,11 @@ def ended_rows(using: str, limit: int = BATCH) -> list[tuple[Any, ...]]:
     state = (Execution.objects.using(using)
              .filter(worker=OuterRef("row_worker"), source_id=OuterRef("row_source_id"))
              .values("state")[:1])
-    return list(
+    return (
         TaskDependency.objects.using(using)
         .filter(state=DependencyState.WAITING, row_worker__gt="")
         .annotate(row_state=Subquery(state))
         .filter(row_state__in=list(ENDED))
-        .order_by("pk")
         .values_list("pk", "dependent_id", "condition", "row_worker", "row_source_id",
                      "row_state")[:limit])
 
@@ -116,7 +115,7 @@ def release_ended_rows(using: str | None = None, limit: int = BATCH) -> int:
     """Resolve the waiting edges on rows whose execution ended, each once, and release or
     cancel their dependents (``workflows.release``); how many edges were resolved."""
     using = using or conf.get().DATABASE
-    found = ended_rows(using, limit)
+    found = list(ended_rows(using, limit))
     if not found:
         return 0
     with transaction.atomic(using=using):
