@@ -179,7 +179,7 @@ class TaskTests(ExampleTestCase):
         self.assertEqual(report.status, TaskResultStatus.SUCCESSFUL)
         self.assertEqual(report.return_value,
                          {"uploaded": 2, "prepared": 1, "failed": 1, "duplicates": 0})
-        compared = Execution.objects.get(worker="compare_images").finished_at
+        compared = Execution.objects.get(worker="compare_images", state="FINISHED").finished_at
         self.assertLessEqual(compared, report.started_at)  # it waited for the comparison
         self.assertEqual(len(mail.outbox), 1)
         self.assertIn("2 uploaded", mail.outbox[0].subject)
