@@ -318,3 +318,23 @@ def test_the_release_query_reads_the_waiting_index_not_the_history(analyzed):
     plan = qs.explain()
     assert "dbworker_dependency_waiting" in plan, plan
     assert list(qs) == []
+
+
+def test_the_examples_of_docs_workflows_md_are_python():
+    """Every ``python`` block of docs/workflows.md parses, and the names it imports from
+    django_dbworker exist (a user copies them)."""
+    import ast
+    import re
+
+    import django_dbworker
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "workflows.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    assert len(blocks) >= 8
+    for block in blocks:
+        tree = ast.parse(block)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "django_dbworker":
+                for alias in node.names:
+                    assert getattr(django_dbworker, alias.name) is not None, alias.name
