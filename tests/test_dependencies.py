@@ -327,3 +327,129 @@ def test_idempotency_key_returns_the_holder_without_new_edges():
     assert row(first).waiting_for == 1
     run_until_idle()
     assert status(first) == TaskStatus.SUCCESSFUL
+
+
+# ----- every end releases --------------------------------------------------------------
+
+
+def test_a_running_dependency_cancelled_by_its_supervisor_cancels_its_dependents():
+    """The supervisor's record of a cancel (and of a timeout) is ``fail_attempt`` with the
+    claim's token: the dependents are resolved in its transaction."""
+    from django_dbworker.rows.store import Claimant, FailureInfo
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.add.enqueue(1, 1)
+    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    b = tasks.add.using(after=[a]).enqueue(2, 2)
+    import django_dbworker
+
+    assert django_dbworker.cancel(a.id)  # asks the supervisor to stop it
+    assert status(b) == TaskStatus.WAITING
+    assert taskstore.fail_attempt(claim, FailureInfo("x.TaskCancelled", "stopped"),
+                                  retry_at=None, status=TaskStatus.CANCELLED) == 1
+    assert status(b) == TaskStatus.CANCELLED
+
+
+def test_a_dependency_that_crashed_too_often_cancels_its_dependents():
+    from django_dbworker.rows.store import Claimant, FailureInfo
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.add.enqueue(1, 1)
+    b = tasks.add.using(after=[a]).enqueue(2, 2)
+    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    assert taskstore.release(claim, crashed=FailureInfo("x.ChildProcessDied", "killed"),
+                             max_crashes=1) == 1
+    assert status(a) == TaskStatus.FAILED and status(b) == TaskStatus.CANCELLED
+
+
+def test_a_dependency_given_back_after_a_crash_releases_nothing():
+    from django_dbworker.rows.store import Claimant, FailureInfo
+    from django_dbworker.tasks import store as taskstore
+
+    a = tasks.add.enqueue(1, 1)
+    b = tasks.add.using(after=[a]).enqueue(2, 2)
+    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    taskstore.release(claim, crashed=FailureInfo("x.ChildProcessDied", "killed"),
+                      max_crashes=3)
+    assert status(a) == TaskStatus.READY and status(b) == TaskStatus.WAITING
+    run_until_idle()
+    assert status(b) == TaskStatus.SUCCESSFUL
+
+
+def test_an_unknown_task_path_fails_and_cancels_its_dependents():
+    a = tasks.add.enqueue(1, 1)
+    b = tasks.add.using(after=[a]).enqueue(2, 2)
+    TaskRecord.objects.filter(pk=a.id).update(task_path="tests.testapp.tasks.gone")
+    run_until_idle()
+    assert status(a) == TaskStatus.FAILED and status(b) == TaskStatus.CANCELLED
+
+
+def test_a_uniqueness_key_and_a_concurrency_limit_with_dependencies():
+    from tests.testapp.concurrency_tasks import conc_account
+
+    a = tasks.add.enqueue(1, 1)
+    keyed = conc_account.using(after=[a]).enqueue_many([(("acme", i), {}) for i in range(3)])
+    assert {status(r) for r in keyed} == {TaskStatus.WAITING}
+    assert all(row(r).concurrency_key for r in keyed)
+    first = tasks.add.using(after=[a], unique_key="u1").enqueue(1, 1)
+    again = tasks.add.using(after=[a], unique_key="u1").enqueue(1, 1)
+    assert again.id == first.id and status(first) == TaskStatus.WAITING
+    assert TaskDependency.objects.filter(dependent_id=first.id).count() == 1
+    run_until_idle()
+    assert status(first) == TaskStatus.SUCCESSFUL
+    assert {status(r) for r in keyed} == {TaskStatus.SUCCESSFUL}
+
+
+# ----- row dependencies (their release is the row side's: workflows.rows) -----------------
+
+
+class RowDependency:
+    """The shape of ``django_dbworker.workflows.rows.RowDependency`` the enqueue side reads:
+    a worker name and a source row's key."""
+
+    def __init__(self, worker, source_id):
+        self.worker, self.source_id = worker, source_id
+
+
+def test_a_row_dependency_is_stored_as_an_edge_on_the_row():
+    from django_dbworker.models import Execution, State
+    from tests.testapp.models import Item
+
+    waiting_row, done_row, failed_row = (Item.objects.create(action="ok") for _ in range(3))
+    Execution.objects.update_or_create(worker="touch", source_id=str(done_row.pk),
+                                       defaults={"state": State.FINISHED})
+    Execution.objects.update_or_create(worker="touch", source_id=str(failed_row.pk),
+                                       defaults={"state": State.FAILED})
+    a = tasks.add.enqueue(1, 1)
+    d = tasks.add.using(after=[a, RowDependency("touch", waiting_row.pk),
+                               RowDependency("touch", done_row.pk)]).enqueue(1, 1)
+    assert row(d).waiting_for == 2
+    edges = list(TaskDependency.objects.filter(dependent_id=d.id).order_by("position")
+                 .values_list("row_worker", "row_source_id", "state"))
+    assert edges == [("", None, DependencyState.WAITING),
+                     ("touch", str(waiting_row.pk), DependencyState.WAITING),
+                     ("touch", str(done_row.pk), DependencyState.MET)]
+    assert d.dependencies == [None, None, None]
+    broken = tasks.add.using(after=[RowDependency("touch", failed_row.pk)]).enqueue(1, 1)
+    assert broken.dbworker_status == TaskStatus.CANCELLED
+    message = row(broken).failure_dicts()[0]["message"]
+    assert f"row touch[{failed_row.pk}] ended FAILED" in message
+
+
+def test_a_fan_out_and_fan_in_of_more_than_a_chunk(monkeypatch):
+    """One root, many dependents released by one end (statements of ``CHUNK`` ids), and
+    one join after all of them."""
+    from django_dbworker.workflows import release
+
+    monkeypatch.setattr(release, "CHUNK", 7)
+    root = tasks.add.enqueue(0, 0)
+    later = timezone.now() + timedelta(hours=1)
+    fan = tasks.add.using(after=[root]).enqueue_many([((i, 0), {}) for i in range(20)])
+    delayed = tasks.add.using(after=[root], run_after=later).enqueue(1, 1)
+    join = tasks.join_effect.using(after=fan).enqueue(99)
+    assert row(join).waiting_for == 20
+    run_until_idle()
+    assert status(join) == TaskStatus.SUCCESSFUL
+    assert row(join).return_value == list(range(20))
+    stored = row(delayed)
+    assert stored.status == TaskStatus.READY and stored.available_at == later

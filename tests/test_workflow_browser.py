@@ -46,6 +46,7 @@ def test_workflow_page_shows_members_their_dependencies_and_statuses(page, shots
     shots(page, "20-workflows-list")
 
     row.locator("th a").click()
+    page.wait_for_selector("li.dbw-member")
     assert "4 of 4 ended" in page.locator(".field-progress_counts").inner_text()
     members = members_by_task(page)
     assert list(members) == [r.id for r in (one, two, three, four)]
@@ -67,6 +68,7 @@ def test_workflow_page_shows_members_their_dependencies_and_statuses(page, shots
     assert "nightly report" in page.locator(".field-name").inner_text()
 
     page.locator(".field-progress_counts a").click()
+    page.wait_for_selector("#result_list tbody tr")  # (count() does not wait)
     # the members and the callback (it carries the workflow's id too)
     assert page.locator("#result_list tbody tr").count() == 5
     shots(page, "22-workflow-members-in-task-list")

@@ -144,6 +144,23 @@ def test_cancel_a_batch_cancels_what_has_not_started_and_stops_what_runs():
     assert handle.progress()["CANCELLED"] == 2
 
 
+def test_cancel_keeps_the_errors_of_a_retrying_member_and_adds_its_own():
+    results = tasks.wf_step.enqueue_many([((i,), {}) for i in range(3)], workflow="r")
+    earlier = {"exception_class_path": "builtins.ValueError", "traceback": "tb",
+               "message": "boom", "attempt": 1, "at": "2026-01-01T00:00:00+00:00"}
+    TaskRecord.objects.filter(pk=results[0].id).update(
+        status=TaskStatus.RETRYING, attempts=1, errors=[earlier])
+    assert workflows.get(results[0].workflow_id).cancel() == {"cancelled": 3, "stopping": 0}
+    retried = TaskRecord.objects.get(pk=results[0].id)
+    assert [e["exception_class_path"] for e in retried.errors] == [
+        "builtins.ValueError", "django_dbworker.exceptions.TaskCancelled"]
+    assert retried.errors[-1]["attempt"] == 1
+    others = TaskRecord.objects.filter(pk__in=[r.id for r in results[1:]])
+    assert [len(t.errors) for t in others] == [1, 1]
+    assert {t.errors[0]["message"] for t in others} == {
+        "the workflow was cancelled before the task ran"}
+
+
 def test_get_refuses_unknown_and_malformed_ids():
     with pytest.raises(UnknownWorkflow, match="not a workflow id"):
         workflows.get("nope")
@@ -295,6 +312,15 @@ def test_a_failed_member_cancels_what_waits_for_it_and_the_callback_still_runs_o
     handle.callback.refresh()
     assert handle.callback.dbworker_status == TaskStatus.SUCCESSFUL
     assert handle.callback.return_value == "report"
+    doc = run_json("workflow", handle.id)
+    assert doc["callback"]["id"] == handle.callback.id
+    assert doc["callback"]["status"] == "SUCCESSFUL" and doc["done"] is True
+    assert doc["progress"]["total"] == 3
+    broken = [e for m in doc["members"] for e in m["after"] if e["state"] == "broken"]
+    assert [e["dependency_id"] for e in broken] == [handle.results[1].id]
+    text = run("workflow", handle.id)
+    assert "(all ended)" in text and f"callback: tests.testapp.tasks.wf_callback " \
+        f"{handle.callback.id} SUCCESSFUL" in text
 
 
 def test_the_callback_waits_for_every_member_not_only_the_last_ones():
@@ -329,3 +355,12 @@ def test_a_group_of_one_task_is_enqueued_in_one_statement_per_thousand():
                  .values_list("enqueued_at", flat=True))
     assert len(stamps) == 1  # one enqueue_many call
     assert [r.args for r in workflows.get(handle.id).results] == [[i] for i in range(50)]
+
+
+def test_a_workflow_is_stored_in_the_callers_transaction_even_on_an_on_commit_backend():
+    with transaction.atomic():
+        handle = chain(tasks.committed.step(1), tasks.committed.step(2)).enqueue()
+        # stored now, inside the transaction: the second waits for the first
+        assert statuses(handle.results) == [TaskStatus.READY, TaskStatus.WAITING]
+    run_until_idle(tasks=True, worker_names=[])
+    assert statuses(handle.results) == [TaskStatus.SUCCESSFUL] * 2

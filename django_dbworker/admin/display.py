@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 #: What an empty cell shows (the admin's own empty value).
@@ -89,3 +89,32 @@ def pretty_json(value: Any) -> SafeString | str:
 def short_class(path: str) -> str:
     """``builtins.ValueError`` -> ``ValueError``."""
     return path.rsplit(".", 1)[-1] if path else ""
+
+
+def dependencies(task_id: Any) -> SafeString | str:
+    """The edges of a dependent, one line each: the dependency (a link to its admin page,
+    or the row), its status, the condition and the edge's state."""
+    from django.urls import reverse
+
+    from ..models import TaskDependency, TaskRecord
+
+    edges = list(TaskDependency.objects.filter(dependent_id=task_id).order_by("position"))
+    if not edges:
+        return EMPTY
+    ids = [e.dependency_id for e in edges if e.dependency_id is not None]
+    found = {pk: (path, status) for pk, path, status in TaskRecord.objects.filter(
+        pk__in=ids).values_list("pk", "task_path", "status")}
+    lines = []
+    for e in edges:
+        if e.dependency_id is None:
+            what = format_html("row {}[{}]", e.row_worker, e.row_source_id)
+        elif e.dependency_id in found:
+            path, status = found[e.dependency_id]
+            url = reverse("admin:django_dbworker_taskrecord_change", args=[e.dependency_id])
+            what = format_html('<a href="{}">{}</a> {} {}', url, str(e.dependency_id)[:8],
+                               path.rsplit(".", 1)[-1], badge(status))
+        else:
+            what = format_html("{} (pruned)", str(e.dependency_id)[:8])
+        lines.append(format_html('<li class="dbw-dependency">{} &middot; {}: {}</li>', what,
+                                 e.condition, e.state))
+    return format_html("<ol>{}</ol>", format_html_join("", "{}", ((line,) for line in lines)))

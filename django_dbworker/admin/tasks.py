@@ -19,7 +19,7 @@ from .actions import Change, GuardedActions
 from .base import QueueTableAdmin
 from .executions import BOTH
 
-CANCELLABLE = (TaskStatus.READY, TaskStatus.RETRYING, TaskStatus.RUNNING)
+CANCELLABLE = (TaskStatus.READY, TaskStatus.WAITING, TaskStatus.RETRYING, TaskStatus.RUNNING)
 
 
 def _cancel(pks: list[Any]) -> int:
@@ -64,6 +64,7 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
                            "idempotency_key", "unique_key", "workflow"]}),
         ("Call", {"fields": ["args_display", "kwargs_display", "result_display"]}),
         ("Progress", {"fields": ["progress_bar"]}),
+        ("Dependencies", {"fields": ["waiting_for", "dependencies_display"]}),
         ("Times", {"fields": ["enqueued_at", "run_after", "available_at", "started_at",
                               "last_attempted_at", "finished_at", "duration",
                               "cancel_requested_at"]}),
@@ -101,6 +102,8 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
         label = obj.status.lower()
         if obj.status == TaskStatus.RUNNING and obj.cancel_requested_at:
             label = "cancelling"
+        elif obj.status == TaskStatus.WAITING:
+            label = f"waiting for {obj.waiting_for}"
         return display.badge(obj.status, label)
 
     @admin.display(description="queue", ordering="queue_name")
@@ -141,6 +144,12 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
 
         return format_html('<a href="{}">{}</a>', workflow_url(obj.workflow_id),
                            obj.workflow_id)
+
+    @admin.display(description="waits for")
+    def dependencies_display(self, obj: TaskRecord) -> SafeString | str:
+        """Its dependencies in ``after`` order: each a link to the task (or the row), the
+        condition, and the edge's state with the dependency's status."""
+        return display.dependencies(obj.pk)
 
     @admin.display(description="arguments")
     def args_display(self, obj: TaskRecord) -> SafeString | str:

@@ -110,8 +110,8 @@ def purge(queue_names: list[str] | None) -> Plan:
         qs = qs.filter(queue_name__in=queue_names)
     count = qs.count()
     where = f"queue(s) {', '.join(queue_names)}" if queue_names else "every queue"
-    return Plan("purge", f"Delete {count} waiting task(s) (READY or RETRYING) of {where}; "
-                "they will not run.", [], count,
+    return Plan("purge", f"Delete {count} waiting task(s) (READY, WAITING or RETRYING) of "
+                f"{where}; they will not run (tasks waiting for them are cancelled).", [], count,
                 lambda: taskstore.purge(queue_names or None), destructive=True)
 
 

@@ -230,8 +230,10 @@ def _new(results: list[Any], started: Any, using: str) -> list[uuid.UUID]:
     ids = [uuid.UUID(r.id) for r in results if r.enqueued_at >= started]
     if not ids:
         return []
-    taken = set(TaskDependency.objects.using(using).filter(dependent_id__in=ids)
-                .values_list("dependent_id", flat=True))
+    from .release import chunks
+
+    taken = {pk for part in chunks(ids) for pk in TaskDependency.objects.using(using)
+             .filter(dependent_id__in=part).values_list("dependent_id", flat=True)}
     return [pk for pk in dict.fromkeys(ids) if pk not in taken]
 
 

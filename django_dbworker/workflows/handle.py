@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 #: Statuses of members that have not ended.
 OPEN = (TaskStatus.WAITING, TaskStatus.READY, TaskStatus.RETRYING, TaskStatus.RUNNING)
+#: The class named by the errors entry of a member the workflow's cancel ended.
+CANCELLED_CLASS = "django_dbworker.exceptions.TaskCancelled"
 #: What cancelling a workflow cancels at once; RUNNING members are asked to stop.
 NOT_STARTED = (TaskStatus.WAITING, TaskStatus.READY, TaskStatus.RETRYING)
 
@@ -113,8 +116,10 @@ def cancel(row: Workflow) -> dict[str, int]:
     """Mark the workflow cancelled; cancel its members that have not started (WAITING,
     READY, RETRYING) and ask the running ones to stop (``django_dbworker.cancel``).
 
-    Dependents go first (reverse enqueue order), so each is recorded as cancelled by the
-    workflow rather than by a cancelled dependency. The callback is left to run. Returns
+    The members that have not started end CANCELLED together, in one transaction (a
+    statement per thousand), before their ends are resolved (``release.resolve``), so
+    each is recorded as cancelled by the workflow (``TaskCancelled``), none as cancelled
+    by a dependency. The callback is left to run once every member has ended. Returns
     ``{"cancelled": n, "stopping": m}``: members cancelled now, and running members asked
     to stop (now or by an earlier cancel). Cancelling again changes nothing new;
     ``cancelled_at`` keeps the first time."""
@@ -126,18 +131,48 @@ def cancel(row: Workflow) -> dict[str, int]:
         cancelled_at=now)
     row.cancelled_at = Workflow.objects.using(using).values_list(
         "cancelled_at", flat=True).get(pk=row.pk)
-    open_members = list(members(row).filter(status__in=OPEN)
-                        .order_by("-enqueued_at", "-id").values_list("pk", "status"))
-    cancelled = stopping = 0
-    for pk, status in open_members:
-        if not taskstore.cancel(pk):
-            continue
-        if status == TaskStatus.RUNNING or TaskRecord.objects.using(using).filter(
-                pk=pk, status=TaskStatus.RUNNING).exists():
-            stopping += 1
-        else:
-            cancelled += 1
+    cancelled = _cancel_not_started(row, using, now)
+    stopping = 0
+    for pk in members(row).filter(status=TaskStatus.RUNNING).values_list("pk", flat=True):
+        stopping += bool(taskstore.cancel(pk)) and TaskRecord.objects.using(using).filter(
+            pk=pk, status=TaskStatus.RUNNING).exists()
     return {"cancelled": cancelled, "stopping": stopping}
+
+
+def _cancel_not_started(row: Workflow, using: str, now: datetime) -> int:
+    from ..rows.store import FailureInfo
+    from ..tasks.store import error_entry, kept_errors
+    from .release import resolve
+
+    info = FailureInfo(CANCELLED_CLASS, "the workflow was cancelled before the task ran")
+    tasks = TaskRecord.objects.using(using)
+    cancelled = 0
+    with transaction.atomic(using=using):
+        rows = list(members(row).filter(status__in=NOT_STARTED).select_for_update()
+                    .order_by("pk").values_list("pk", "errors", "attempts",
+                                                "has_dependents"))
+        fresh: dict[int, list[uuid.UUID]] = {}  # no error to keep, by attempts
+        for pk, errors, attempts, _ in rows:
+            kept = kept_errors(errors)
+            if not kept:
+                fresh.setdefault(attempts, []).append(pk)
+                continue
+            cancelled += tasks.filter(pk=pk, status__in=NOT_STARTED).update(
+                status=TaskStatus.CANCELLED, finished_at=now, cancel_requested_at=now,
+                errors=[*kept, error_entry(info, attempts, now)])
+        for attempts, pks in fresh.items():
+            for chunk in _chunks(pks):
+                cancelled += tasks.filter(pk__in=chunk, status__in=NOT_STARTED).update(
+                    status=TaskStatus.CANCELLED, finished_at=now, cancel_requested_at=now,
+                    errors=[error_entry(info, attempts, now)])
+        ended = [pk for pk, _, _, has_dependents in rows if has_dependents]
+        for chunk in _chunks(ended):
+            resolve(using, [(pk, TaskStatus.CANCELLED) for pk in chunk])
+    return cancelled
+
+
+def _chunks(items: list[uuid.UUID], size: int = 1000) -> list[list[uuid.UUID]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 class WorkflowHandle:

@@ -340,28 +340,6 @@ def unique_and_limited(account, n):
     return n
 
 
-# ----- workflows (tests/test_dependencies.py, test_dependency_races.py) -----------------
-
-
-@task
-def until(at):
-    """Returns at the wall-clock instant ``at`` (``time.time()``): two of these end at the
-    same instant in two supervisors. Returns the pid of the process that ran it."""
-    delay = at - time.time()
-    if delay > 0:
-        time.sleep(delay)
-    return os.getpid()
-
-
-@task
-def join_effect(n):
-    """One Effect per run; returns its dependencies' results."""
-    from django_dbworker import dependency_results
-
-    Effect.objects.create(item_id=n, worker="join", pid=os.getpid())
-    return dependency_results()
-
-
 # ----- workflows (tests/test_workflow_groups.py, test_workflow_browser.py) --------------
 
 
@@ -388,3 +366,28 @@ def wf_wait(n, path):
         time.sleep(0.005)
     Effect.objects.create(item_id=n, worker="wf_wait", pid=os.getpid())
     return n
+
+
+# ----- workflows (tests/test_dependencies.py, test_dependency_races.py) -----------------
+
+
+@task
+def until(at, fail=False):
+    """Returns (or raises, with ``fail``) at the wall-clock instant ``at`` (``time.time()``):
+    two of these end at the same instant in two supervisors. Returns the pid of the
+    process that ran it."""
+    delay = at - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    if fail:
+        raise ValueError("failed on purpose")
+    return os.getpid()
+
+
+@task
+def join_effect(n):
+    """One Effect per run; returns its dependencies' results."""
+    from django_dbworker import dependency_results
+
+    Effect.objects.create(item_id=n, worker="join", pid=os.getpid())
+    return dependency_results()

@@ -63,7 +63,7 @@ class Command(BaseCommand):
                        help="Also reset rows where the worker FINISHED (reprocess).")
         add("cancel", "Cancel waiting or running tasks.", changes_rows=True) \
             .add_argument("ids", nargs="+", metavar="ID")
-        p = add("purge", "Delete waiting tasks (READY, RETRYING).", changes_rows=True)
+        p = add("purge", "Delete waiting tasks (READY, WAITING, RETRYING).", changes_rows=True)
         p.add_argument("--queue", action="append", dest="queues", metavar="QUEUE",
                        help="Only this queue (repeatable; default: every queue).")
         p = add("prune", "Delete finished tasks and old supervisor rows.", changes_rows=True)
