@@ -10,7 +10,9 @@ bulk-created and saved, as users write them, and the precreated reference; 3 run
 ``claim_cost.py`` (claim cost at 1,000 and 1,000,000 finished rows) and, PostgreSQL only,
 ``table_health.py --jobs=50000`` (dead tuples and the claim's plan under churn; its
 1,000,000-job figures come from running it alone), ``flow_control.py`` (unique, keyed and
-paused-queue drains next to plain tasks, 3 runs of 6,000); then ``peers.py --runs=3 --budget=20
+paused-queue drains next to plain tasks, 3 runs of 6,000), ``workflows.py`` (a fan-out/fan-in
+of 10,000 tasks next to 10,000 independent ones, and the task claim with 100,000 finished
+workflows vs none); then ``peers.py --runs=3 --budget=20
 --samples=30``
 (Celery + Redis, procrastinate, django-tasks-db, django-q2, Huey/SQLite, each in its own
 virtualenv under ``bench/.peers/``: 5,000 no-op jobs drained three times, the median as
@@ -53,6 +55,9 @@ SCRIPTS = {
     # autovacuum's 60 s naptime to show): the large figures come from table_health.py alone
     "table_health": ["--jobs=50000", "--sample-every=25000"],
     "flow_control": ["--runs=3", "--tasks=6000"],
+    # issue 20: a fan-out/fan-in of 10,000 next to 10,000 independent tasks (3 drains
+    # each), and the task claim with 100,000 finished workflows in history vs none
+    "workflows": ["--runs=3", "--tasks=10000", "--history=100000"],
 }
 QUICK = {
     "throughput": ["--runs=1", "--rows=1000"],
@@ -64,6 +69,8 @@ QUICK = {
     "table_health": ["--jobs=5000", "--sample-every=2500", "--waiting=2000",
                      "--enqueue-batch=2000"],
     "flow_control": ["--runs=1", "--tasks=1000", "--backlog=2000"],
+    "workflows": ["--runs=1", "--tasks=1000", "--history=2000", "--iterations=10",
+                  "--warmup=2"],
 }
 
 
@@ -222,6 +229,7 @@ def summary(found: dict[str, Any]) -> str:
     if "table_health" in found:
         rows += table_health_rows(found["table_health"])
     rows += flow_control_rows(found.get("flow_control"))
+    rows += workflow_rows(found.get("workflows"))
     rows += peer_rows(peers, throughput)
     return benchlib.markdown_table(["db", "what", "figure", "compared", "vs peers (same run)",
                                     "target"], rows)
@@ -251,6 +259,30 @@ def flow_control_rows(flow: dict[str, Any] | None) -> list[list[Any]]:
                          f"{f['per_s']:,}/s (net {f['net_per_s']:,}/s)",
                          f"{f['vs_plain']:.0%} of plain tasks ({plain:,}/s), net "
                          f"{f['net_vs_plain']:.0%}", "", target])
+    return rows
+
+
+def workflow_rows(workflows: dict[str, Any] | None) -> list[list[Any]]:
+    """Issue 20: the fan-out/fan-in against independent tasks of the same run, and the
+    task claim with finished workflows in history against none."""
+    rows: list[list[Any]] = []
+    for r in (workflows or {}).get("results", []):
+        d = r.get("drain")
+        if d:
+            wf, ind = d["workflow"], d["independent"]
+            net = wf["net_vs_independent"]
+            rows.append([r["db"], f"workflow: fan-out/fan-in of {d['tasks']:,} (1 root, "
+                         f"{d['tasks']:,} after it, 1 join), --concurrency 2",
+                         f"{wf['per_s']:,}/s (net {wf['net_per_s'] or 0:,}/s)",
+                         f"{wf['vs_independent']:.0%} of {d['tasks']:,} independent tasks "
+                         f"({ind['per_s']:,}/s)" + (f", net {net:.0%}" if net else ""), "",
+                         ">= 70% of independent"])
+        c = r.get("claim")
+        for row in (c or {}).get("rows", []):
+            rows.append([r["db"], f"workflow: task claim of {row['limit']}, "
+                         f"{c['history_workflows']:,} finished workflows vs none",
+                         f"{row['ratio']}x", f"median {row['history']['median']} µs vs "
+                         f"{row['none']['median']} µs", "", "<= 1.5x"])
     return rows
 
 

@@ -11,6 +11,7 @@ __all__ = [
     "Outcome",
     "Snooze",
     "Unfinished",
+    "after_row",
     "cancel",
     "chain",
     "cron",
@@ -18,6 +19,7 @@ __all__ = [
     "execution_status",
     "group",
     "has_execution_status",
+    "has_task_status",
     "pause",
     "paused",
     "resume",
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
     from .tasks.store import cancel
     from .workflows.builder import chain, group
     from .workflows.results import dependency_results
+    from .workflows.rows import after_row
+    from .workflows.task_status import has_task_status
 
 _LAZY = {
     "cancel": ("tasks.store", "cancel"),
@@ -58,6 +62,8 @@ _LAZY = {
     "workers": ("registry", "workers"),
     "execution_status": ("status", "execution_status"),
     "has_execution_status": ("status", "has_execution_status"),
+    "after_row": ("workflows.rows", "after_row"),
+    "has_task_status": ("workflows.task_status", "has_task_status"),
 }
 
 

@@ -25,6 +25,7 @@ from .supervisor import units
 from .supervisor.pauses import Pauses
 from .tasks import concurrency
 from .tasks import store as taskstore
+from .workflows.rows import release_ended_rows
 
 
 def run_until_idle(
@@ -68,6 +69,10 @@ def run_until_idle(
             # Rows written without save() that became eligible meanwhile (say, through
             # another worker's status) have no pending unit yet: sweep before giving up.
             if sum(sweeper.sweep_all() for sweeper in sweepers):
+                continue
+            # Tasks waiting for rows that ended (after_row), as a supervisor's duty would
+            # release them: then they are claimable.
+            if run_tasks and release_ended_rows(config.DATABASE):
                 continue
             progress.close()
             return counts

@@ -368,7 +368,7 @@ def test_the_supervisors_loop_runs_maintenance_and_its_renewer_the_renewal():
     try:
         assert [d.name for d in supervisor.duties.duties] == [
             "retries", "task_stops", "cron", "retention", "row_timeouts", "reaping",
-            "discovery"]
+            "discovery", "row_dependencies"]
         assert isinstance(supervisor.duties.duties[0], Retries)
         assert isinstance(supervisor.duties.duties[2], Cron)
         assert supervisor.retry_release is supervisor.retries.releases

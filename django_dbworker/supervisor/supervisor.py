@@ -30,6 +30,7 @@ from .duties.base import Duties
 from .duties.discovery import Discovery
 from .duties.leases import Reaping, Renewal, Retries
 from .duties.outage import Outage
+from .duties.row_dependencies import RowDependencies
 from .duties.timeouts import RowTimeouts
 from .heartbeat import Heartbeat
 from .pauses import Pauses
@@ -127,6 +128,8 @@ class Supervisor:
             RowTimeouts(options.workers, lambda: self.children, self._stop_child),
             self.reaping,
             self.discovery,
+            # tasks waiting for rows (after_row): released once the row's execution ended
+            RowDependencies(config.POLL_INTERVAL, self.using),
         ])
 
     # ----- life cycle ---------------------------------------------------------------

@@ -84,8 +84,11 @@ class Node:
 class Step(Shape):
     """One call of a task in a workflow: ``task.step(*args, **kwargs)``."""
 
+    #: The task (with its ``.using()`` options) to enqueue.
     task: DBWorkerTask
+    #: The call's positional arguments.
     args: tuple[Any, ...] = ()
+    #: The call's keyword arguments.
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -180,24 +180,29 @@ class WorkflowHandle:
 
     def __init__(self, row: Workflow, results: list[DBWorkerTaskResult] | None = None,
                  callback: DBWorkerTaskResult | None = None) -> None:
+        #: The ``Workflow`` row, as it was read.
         self.row = row
         self._results = results
         self._callback = callback
 
     @property
     def id(self) -> str:
+        """The workflow's id (text of a UUID): ``get(id)`` finds it again."""
         return str(self.row.pk)
 
     @property
     def name(self) -> str:
+        """The name it was enqueued with (empty: none)."""
         return self.row.name
 
     @property
     def created_at(self) -> datetime:
+        """When it was enqueued."""
         return self.row.created_at
 
     @property
     def cancelled_at(self) -> datetime | None:
+        """When it was cancelled, or None."""
         return self.row.cancelled_at
 
     @property

@@ -17,7 +17,7 @@ from django.utils import timezone
 from PIL import Image as Pillow
 
 from django_dbworker import ExecutionStatus, execution_status, workers
-from django_dbworker.models import Supervisor
+from django_dbworker.models import Execution, Supervisor
 from django_dbworker.scheduling import schedules
 from django_dbworker.testing import run_until_idle
 
@@ -163,13 +163,24 @@ class TaskTests(ExampleTestCase):
         else:
             self.assertEqual(result.status, TaskResultStatus.SUCCESSFUL)
 
-    def test_daily_digest(self):
+    def test_daily_digest_waits_for_the_days_work(self):
         self.assertEqual(schedules()["daily_digest"].cron, "0 8 * * *")
         self.upload("a.png", picture(1))
         self.upload("b.png", b"not a picture")
-        run_until_idle(WORKERS)
-        counts = daily_digest.call()
-        self.assertEqual(counts, {"uploaded": 2, "prepared": 1, "failed": 1, "duplicates": 0})
+        started = daily_digest.call()  # what the 08:00 tick runs: it starts the workflow
+        self.assertEqual(started["images"], 2)
+        first = default_task_backend.get_result(started["next"])
+        self.assertEqual(first.dbworker_status, "WAITING")  # for prepare_image on both
+        run_until_idle()  # the workers, the notices and the two steps of the digest
+        first.refresh()
+        self.assertEqual(first.status, TaskResultStatus.SUCCESSFUL)
+        self.assertEqual(first.return_value["pictures"], 1)  # b.png is not a picture
+        report = default_task_backend.get_result(first.return_value["next"])
+        self.assertEqual(report.status, TaskResultStatus.SUCCESSFUL)
+        self.assertEqual(report.return_value,
+                         {"uploaded": 2, "prepared": 1, "failed": 1, "duplicates": 0})
+        compared = Execution.objects.get(worker="compare_images", state="FINISHED").finished_at
+        self.assertLessEqual(compared, report.started_at)  # it waited for the comparison
         self.assertEqual(len(mail.outbox), 1)
         self.assertIn("2 uploaded", mail.outbox[0].subject)
 

@@ -52,3 +52,11 @@ class Slow(models.Model):
     """Source rows of ``slow_eligible``, whose eligible queryset sleeps inside the database
     on every claim (``DBWORKER_TEST_SLOW_ELIGIBLE`` seconds) and never lets a row through:
     the claim that holds up a supervisor's loop (tests/test_renewer.py)."""
+
+
+class Awaiting(models.Model):
+    """A source row that waits for a task (``has_task_status``, tests/test_workflow_rows.py):
+    the task's id as a UUID, or as the text ``result.id`` gives."""
+
+    task_id = models.UUIDField(null=True, blank=True)
+    task_text = models.CharField(max_length=64, blank=True, default="")

@@ -14,11 +14,12 @@ from django_dbworker import (
     Finished,
     Unfinished,
     has_execution_status,
+    has_task_status,
     worker,
     workers,
 )
 
-from .models import Document, Effect, Item, Ranked, Slow, Solo, Tag
+from .models import Awaiting, Document, Effect, Item, Ranked, Slow, Solo, Tag
 
 
 def _act(item, name, context=None):
@@ -341,4 +342,10 @@ def compute(item, context):
         if RELEASED_PROBE is not None:
             RELEASED_PROBE(free, context)
     Effect.objects.create(item_id=item.pk, worker="compute", note=f"{read} {free}")
+@worker(source=Awaiting, eligible=lambda: Awaiting.objects.filter(
+    has_task_status("task_text", "SUCCESSFUL")).order_by("id"))
+def after_task(row):
+    """Runs on a row once the task whose id its ``task_text`` holds ended SUCCESSFUL
+    (tests/test_workflow_rows.py)."""
+    Effect.objects.create(item_id=row.pk, worker="after_task", pid=os.getpid())
     return Finished()
