@@ -19,6 +19,7 @@ __all__ = [
     "paused",
     "resume",
     "set_progress",
+    "task",
     "worker",
     "workers",
 ]
@@ -27,6 +28,7 @@ from .context import Context
 from .outcomes import Finished, Outcome, Snooze, Unfinished
 
 if TYPE_CHECKING:
+    from .djtasks import task
     from .models import ExecutionStatus
     from .pausing import pause, paused, resume
     from .progress import set_progress
@@ -39,6 +41,7 @@ _LAZY = {
     "cancel": ("tasks.store", "cancel"),
     "cron": ("scheduling", "cron"),
     "set_progress": ("progress", "set_progress"),
+    "task": ("djtasks", "task"),
     "pause": ("pausing", "pause"),
     "paused": ("pausing", "paused"),
     "resume": ("pausing", "resume"),
