@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.admin import ActionLocation, helpers
+from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.text import capfirst
+
+from .djadmin import ActionLocation
 
 #: At most this many selected rows are listed on the confirmation page.
 LISTED = 100
