@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.text import capfirst
 
-from .djadmin import ActionLocation
+from .djadmin import ActionLocation, base_actions
 
 #: At most this many selected rows are listed on the confirmation page.
 LISTED = 100
@@ -62,7 +62,7 @@ class GuardedActions:
                        location: ActionLocation) -> None:
         if request.method != "POST":
             return
-        allowed = self.get_actions(request, action_location=location)  # type: ignore[attr-defined]
+        allowed = base_actions(self, request, location)
         for name in request.POST.getlist(field):
             if name and name not in allowed:
                 raise PermissionDenied(f"You may not run the action {name!r} here.")
