@@ -98,7 +98,10 @@ def tests(session: nox.Session, django: str) -> None:
     session.install("-e", f".[{','.join(wanted)}]", requirement)
     session.run("python", "-c", "import django, sys; print('Python', sys.version.split()[0], "
                 "'/ Django', django.get_version())")
+    # scripts/test passes its own pytest arguments on (e.g. -k claim); with those, a pair
+    # may hold none of the tests they select (pytest's exit 5), which is not a failure.
+    codes = [0, 5] if int(os.environ.get("DBWORKER_NO_TESTS_OK") or 0) else [0]
     for db in dbs:
         session.log(f"pytest on {db}")
-        session.run("python", "-m", "pytest", *session.posargs,
+        session.run("python", "-m", "pytest", *session.posargs, success_codes=codes,
                     env={"PYTHONPATH": str(ROOT), "DBWORKER_TEST_DB": db})

@@ -44,7 +44,26 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         session.config.dbworker_skip_postgres = True  # type: ignore[attr-defined]
 
 
+#: The ``compat`` subset: what the (Python, Django) pairs other than the newest run in
+#: scripts/test's quick pass (``-m compat``, noxfile.py; docs/compatibility.md says why).
+COMPAT = {
+    "test_compat.py",          # the framework per Django version, and the refusals
+    "test_tasks.py",           # the backend in-process: enqueue, results, options, signals
+    "test_enqueue_many.py",    # batched enqueue, its signals and results
+    "test_fast_paths.py",      # what leans on Django's internals (signals, normalize_json)
+    "test_declarations.py",    # bad tasks and workers refused; the system checks
+    "test_task_processes.py",  # real runworkers running tasks (timeouts, cancel, the heap)
+    "test_processes.py",       # real runworkers running row workers (signals, stop, reclaim)
+    "test_admin.py",           # the admin's actions (admin/djadmin.py)
+    "test_stored_schedules.py",  # cron rows: their admin (actions on a plain ModelAdmin)
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    compat = pytest.mark.compat
+    for item in items:
+        if item.path.name in COMPAT:
+            item.add_marker(compat)
     if getattr(config, "dbworker_skip_postgres", False):
         skip = pytest.mark.skip(reason="PostgreSQL is not reachable (see the banner above)")
         for item in items:
