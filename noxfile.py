@@ -40,6 +40,7 @@ COMPAT = {("3.12", "5.2"), ("3.12", "6.0")}
 DATABASES = ("sqlite", "postgres", "mariadb")
 
 nox.options.envdir = ".venv-nox"
+nox.options.default_venv_backend = "virtualenv"  # nox's own dependency: nothing to find
 nox.options.reuse_venv = "yes"
 nox.options.download_python = "never"
 nox.options.error_on_missing_interpreters = True

@@ -45,7 +45,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 #: The ``compat`` subset: what the (Python, Django) pairs other than the newest run in
-#: scripts/test's quick pass (``-m compat``, noxfile.py; docs/compatibility.md says why).
+#: scripts/test's quick pass (``-m compat``, noxfile.py; docs/compatibility.md says why):
+#: whole modules, and single tests of the slower process modules.
 COMPAT = {
     "test_compat.py",          # the framework per Django version, and the refusals
     "test_tasks.py",           # the backend in-process: enqueue, results, options, signals
@@ -53,16 +54,21 @@ COMPAT = {
     "test_fast_paths.py",      # what leans on Django's internals (signals, normalize_json)
     "test_declarations.py",    # bad tasks and workers refused; the system checks
     "test_task_processes.py",  # real runworkers running tasks (timeouts, cancel, the heap)
-    "test_processes.py",       # real runworkers running row workers (signals, stop, reclaim)
     "test_admin.py",           # the admin's actions (admin/djadmin.py)
     "test_stored_schedules.py",  # cron rows: their admin (actions on a plain ModelAdmin)
+    # real runworkers running row workers: a child killed, SIGTERM, a second signal, --burst
+    "test_processes.py::test_killed_child_is_released_at_once_and_rerun",
+    "test_processes.py::test_sigterm_lets_the_running_handler_finish_and_claims_nothing",
+    "test_processes.py::test_second_signal_cuts_off_and_releases_the_unit",
+    "test_processes.py::test_burst_exits_zero_when_nothing_is_claimable",
 }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     compat = pytest.mark.compat
     for item in items:
-        if item.path.name in COMPAT:
+        name = getattr(item, "originalname", item.name)
+        if item.path.name in COMPAT or f"{item.path.name}::{name}" in COMPAT:
             item.add_marker(compat)
     if getattr(config, "dbworker_skip_postgres", False):
         skip = pytest.mark.skip(reason="PostgreSQL is not reachable (see the banner above)")
