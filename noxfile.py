@@ -26,6 +26,7 @@ import subprocess
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 ROOT = Path(__file__).resolve().parent
 PYTHONS = ["3.12", "3.13"]
@@ -102,7 +103,13 @@ def tests(session: nox.Session, django: str) -> None:
     # scripts/test passes its own pytest arguments on (e.g. -k claim); with those, a pair
     # may hold none of the tests they select (pytest's exit 5), which is not a failure.
     codes = [0, 5] if int(os.environ.get("DBWORKER_NO_TESTS_OK") or 0) else [0]
-    for db in dbs:
+    failed = []
+    for db in dbs:  # every database, even after one failed
         session.log(f"pytest on {db}")
-        session.run("python", "-m", "pytest", *session.posargs, success_codes=codes,
-                    env={"PYTHONPATH": str(ROOT), "DBWORKER_TEST_DB": db})
+        try:
+            session.run("python", "-m", "pytest", *session.posargs, success_codes=codes,
+                        env={"PYTHONPATH": str(ROOT), "DBWORKER_TEST_DB": db})
+        except CommandFailed:
+            failed.append(db)
+    if failed:
+        session.error(f"pytest failed on {', '.join(failed)}")
