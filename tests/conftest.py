@@ -53,14 +53,20 @@ COMPAT = {
     "test_enqueue_many.py",    # batched enqueue, its signals and results
     "test_fast_paths.py",      # what leans on Django's internals (signals, normalize_json)
     "test_declarations.py",    # bad tasks and workers refused; the system checks
-    "test_task_processes.py",  # real runworkers running tasks (timeouts, cancel, the heap)
     "test_admin.py",           # the admin's actions (admin/djadmin.py)
-    "test_stored_schedules.py",  # cron rows: their admin (actions on a plain ModelAdmin)
-    # real runworkers running row workers: a child killed, SIGTERM, a second signal, --burst
-    "test_processes.py::test_killed_child_is_released_at_once_and_rerun",
+    # cron rows' admin: actions on a plain ModelAdmin
+    "test_stored_schedules.py::test_admin_saves_lists_next_run_and_enables_disables",
+    "test_stored_schedules.py::test_admin_actions_need_the_change_permission",
+    # real runworkers: tasks and rows with retries, the heap frozen before forking (it
+    # differed on Python 3.12), a timeout and a cancel stopping a child, LISTEN/NOTIFY
+    "test_task_processes.py::test_tasks_and_rows_in_one_burst_with_retries",
+    "test_task_processes.py::test_children_start_with_the_supervisors_heap_frozen",
+    "test_task_processes.py::test_timeout_stops_the_process_and_retries",
+    "test_task_processes.py::test_cancel_a_running_task",
+    "test_task_processes.py::test_postgres_wakes_idle_supervisors_without_polling",
+    # real runworkers running row workers: SIGTERM, and a child killed
     "test_processes.py::test_sigterm_lets_the_running_handler_finish_and_claims_nothing",
-    "test_processes.py::test_second_signal_cuts_off_and_releases_the_unit",
-    "test_processes.py::test_burst_exits_zero_when_nothing_is_claimable",
+    "test_processes.py::test_killed_child_is_released_at_once_and_rerun",
 }
 
 
