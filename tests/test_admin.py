@@ -5,7 +5,10 @@ import re
 import uuid
 
 import pytest
+from django.contrib.admin import site
 from django.contrib.auth.models import Permission, User
+from django.core.exceptions import PermissionDenied
+from django.test import RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
@@ -84,9 +87,14 @@ def test_before_django_6_1_actions_are_on_the_list_only(admin_client, failed):
     execution = next(e for e in failed.values() if e.state == State.FAILED)
     url = reverse("admin:django_dbworker_execution_change", args=[execution.pk])
     assert "CHANGE_FORM-action" not in admin_client.get(url).content.decode()
-    forged = admin_client.post(url, {"CHANGE_FORM-action": "retry_failed",
-                                     "_selected_action": str(execution.pk)})
-    assert forged.status_code == 403
+    post = {"CHANGE_FORM-action": "retry_failed", "_selected_action": str(execution.pk)}
+    assert admin_client.post(url, post).status_code == 403
+    request = RequestFactory().post(url, post)
+    request.user = User.objects.get(username="admin")
+    model_admin = site._registry[Execution]
+    with pytest.raises(PermissionDenied, match=r"Actions on a change page need Django 6\.1 "
+                       r"\(this is Django [\d.]+\); run 'retry_failed' from the list page"):
+        model_admin.changeform_view(request, str(execution.pk))
     execution.refresh_from_db()
     assert execution.state == State.FAILED
     page = admin_client.get(EXECUTIONS).content.decode()
