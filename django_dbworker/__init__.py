@@ -25,6 +25,7 @@ __all__ = [
     "resume",
     "set_progress",
     "start",
+    "task",
     "worker",
     "workers",
 ]
@@ -33,6 +34,7 @@ from .context import Context
 from .outcomes import Finished, Outcome, Snooze, Unfinished
 
 if TYPE_CHECKING:
+    from .djtasks import task
     from .embedding import start
     from .models import ExecutionStatus
     from .pausing import pause, paused, resume
@@ -54,6 +56,7 @@ _LAZY = {
     "dependency_results": ("workflows.results", "dependency_results"),
     "set_progress": ("progress", "set_progress"),
     "start": ("embedding", "start"),
+    "task": ("djtasks", "task"),
     "pause": ("pausing", "pause"),
     "paused": ("pausing", "paused"),
     "resume": ("pausing", "resume"),

@@ -17,6 +17,7 @@ class DBWorkerConfig(AppConfig):
             conf,
         )
         from .db.connections import know_features, on_connection_created
+        from .djtasks import refuse_task_options
         from .rows import pending
 
         config = conf.load()  # bad settings fail at start-up, naming the key
@@ -27,4 +28,10 @@ class DBWorkerConfig(AppConfig):
         autodiscover_modules("workers")
         # Task rows name registered tasks only (task_registry): their modules are imported
         # here, in every process that runs or reads tasks, never because a row names one.
-        autodiscover_modules("tasks")
+        try:
+            autodiscover_modules("tasks")
+        except TypeError as exc:  # Django 6.0's @task(retries=...): say what to use instead
+            refused = refuse_task_options(exc)
+            if refused is exc:
+                raise
+            raise refused from exc

@@ -15,16 +15,23 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
-from django.tasks import Task, TaskResult
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import DEFAULT_TASK_PRIORITY, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
 from django.utils import timezone
-from django.utils.inspect import get_func_args, is_module_level_function
+from django.utils.inspect import get_func_args
 
 from . import conf
 from .db import refuse_unusable
+from .djtasks import (
+    DEFAULT_TASK_PRIORITY,
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskResult,
+    TaskResultDoesNotExist,
+    is_module_level_function,
+    task_enqueued,
+)
 from .exceptions import InvalidTaskArguments
 from .tasks import registry as task_registry
 from .tasks import retry

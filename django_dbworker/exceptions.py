@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
-from django.tasks.exceptions import InvalidTask
+
+from .djtasks import InvalidTask
 
 
 class DBWorkerError(Exception):

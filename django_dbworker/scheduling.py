@@ -32,9 +32,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.tasks import Task
 from django.utils import timezone
 
+from .djtasks import Task
 from .logs import log_event
 
 if TYPE_CHECKING:

@@ -12,11 +12,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError
-from django.tasks import Task, TaskResult
-from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from . import conf, progress
+from .djtasks import Task, TaskResult, task_enqueued
 from .registry import Worker, workers
 from .rows import store
 from .rows.store import Claimant

@@ -44,7 +44,38 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         session.config.dbworker_skip_postgres = True  # type: ignore[attr-defined]
 
 
+#: The ``compat`` subset: what the (Python, Django) pairs other than the newest run in
+#: scripts/test's quick pass (``-m compat``, noxfile.py; docs/compatibility.md says why):
+#: whole modules, and single tests of the slower process modules.
+COMPAT = {
+    "test_compat.py",          # the framework per Django version, and the refusals
+    "test_tasks.py",           # the backend in-process: enqueue, results, options, signals
+    "test_enqueue_many.py",    # batched enqueue, its signals and results
+    "test_fast_paths.py",      # what leans on Django's internals (signals, normalize_json)
+    "test_declarations.py",    # bad tasks and workers refused; the system checks
+    "test_admin.py",           # the admin's actions (admin/djadmin.py)
+    # cron rows' admin: actions on a plain ModelAdmin
+    "test_stored_schedules.py::test_admin_saves_lists_next_run_and_enables_disables",
+    "test_stored_schedules.py::test_admin_actions_need_the_change_permission",
+    # real runworkers: tasks and rows with retries, the heap frozen before forking (it
+    # differed on Python 3.12), a timeout and a cancel stopping a child, LISTEN/NOTIFY
+    "test_task_processes.py::test_tasks_and_rows_in_one_burst_with_retries",
+    "test_task_processes.py::test_children_start_with_the_supervisors_heap_frozen",
+    "test_task_processes.py::test_timeout_stops_the_process_and_retries",
+    "test_task_processes.py::test_cancel_a_running_task",
+    "test_task_processes.py::test_postgres_wakes_idle_supervisors_without_polling",
+    # real runworkers running row workers: SIGTERM, and a child killed
+    "test_processes.py::test_sigterm_lets_the_running_handler_finish_and_claims_nothing",
+    "test_processes.py::test_killed_child_is_released_at_once_and_rerun",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    compat = pytest.mark.compat
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        if item.path.name in COMPAT or f"{item.path.name}::{name}" in COMPAT:
+            item.add_marker(compat)
     if getattr(config, "dbworker_skip_postgres", False):
         skip = pytest.mark.skip(reason="PostgreSQL is not reachable (see the banner above)")
         for item in items:

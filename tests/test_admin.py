@@ -5,10 +5,14 @@ import re
 import uuid
 
 import pytest
+from django.contrib.admin import site
 from django.contrib.auth.models import Permission, User
+from django.core.exceptions import PermissionDenied
+from django.test import RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
+from django_dbworker.admin.djadmin import FORM_ACTIONS
 from django_dbworker.models import Execution, State, Supervisor, TaskRecord, TaskStatus
 from django_dbworker.testing import run_until_idle
 from tests.testapp import tasks
@@ -64,12 +68,38 @@ def test_filters_and_search(admin_client, failed):
     assert len(re.findall(r'name="_selected_action" value=', page.content.decode())) == 2
 
 
+@pytest.mark.skipif(not FORM_ACTIONS, reason="Django 6.1 added actions on the change form")
 def test_retry_one_failed_execution_from_its_page(admin_client, failed):
     execution = next(e for e in failed.values() if e.state == State.FAILED)
     url = reverse("admin:django_dbworker_execution_change", args=[execution.pk])
     response = admin_client.post(url, {"CHANGE_FORM-action": "retry_failed",
                                        "_selected_action": str(execution.pk)}, follow=True)
     assert response.redirect_chain[-1][0] == url
+    execution.refresh_from_db()
+    assert execution.state == State.UNFINISHED
+    assert "Retry: 1 of 1 selected failed executions changed." in response.content.decode()
+
+
+@pytest.mark.skipif(FORM_ACTIONS, reason="Django 6.1 has actions on the change form")
+def test_before_django_6_1_actions_are_on_the_list_only(admin_client, failed):
+    """Django 5.2 and 6.0 have no change-form actions: the page offers none, a forged one
+    is refused, and the list's action says what it does to the selected rows."""
+    execution = next(e for e in failed.values() if e.state == State.FAILED)
+    url = reverse("admin:django_dbworker_execution_change", args=[execution.pk])
+    assert "CHANGE_FORM-action" not in admin_client.get(url).content.decode()
+    post = {"CHANGE_FORM-action": "retry_failed", "_selected_action": str(execution.pk)}
+    assert admin_client.post(url, post).status_code == 403
+    request = RequestFactory().post(url, post)
+    request.user = User.objects.get(username="admin")
+    model_admin = site._registry[Execution]
+    with pytest.raises(PermissionDenied, match=r"Actions on a change page need Django 6\.1 "
+                       r"\(this is Django [\d.]+\); run 'retry_failed' from the list page"):
+        model_admin.changeform_view(request, str(execution.pk))
+    execution.refresh_from_db()
+    assert execution.state == State.FAILED
+    page = admin_client.get(EXECUTIONS).content.decode()
+    assert '<option value="retry_failed">Retry the selected failed executions</option>' in page
+    response = admin_client.post(EXECUTIONS, action("retry_failed", execution.pk), follow=True)
     execution.refresh_from_db()
     assert execution.state == State.UNFINISHED
     assert "Retry: 1 of 1 selected failed executions changed." in response.content.decode()

@@ -8,10 +8,9 @@ from collections import defaultdict
 from datetime import timedelta
 
 import pytest
-from django.tasks import task
-from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
+from django_dbworker.djtasks import InvalidTask, task
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import ConcurrencySlot, TaskRecord, TaskStatus
 from django_dbworker.rows.store import Claimant, FailureInfo

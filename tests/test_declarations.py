@@ -15,8 +15,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
-from django.tasks import task
-from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
 from django.test.utils import isolate_apps
 from django.utils import timezone
@@ -25,6 +23,7 @@ from django_dbworker import Finished, Unfinished, cron, worker, workers
 from django_dbworker import conf as dbconf
 from django_dbworker.backend import DBWorkerBackend
 from django_dbworker.checks import check_schedules, check_settings, check_workers
+from django_dbworker.djtasks import InvalidTask, task
 from django_dbworker.exceptions import InvalidTaskArguments, InvalidWorker
 from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.registry import Worker

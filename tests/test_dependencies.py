@@ -6,9 +6,9 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.tasks import TaskResultStatus, default_task_backend
 from django.utils import timezone
 
+from django_dbworker.djtasks import TaskResultStatus, default_task_backend
 from django_dbworker.exceptions import InvalidDependency
 from django_dbworker.models import DependencyState, TaskDependency, TaskRecord, TaskStatus
 from django_dbworker.testing import run_until_idle
@@ -215,7 +215,7 @@ def test_on_commit_is_refused():
 
 
 def test_run_on_failure_must_be_a_bool():
-    from django.tasks.exceptions import InvalidTask
+    from django_dbworker.djtasks import InvalidTask
 
     with pytest.raises(InvalidTask, match="run_on_failure"):
         tasks.add.using(run_on_failure="yes")

@@ -9,9 +9,9 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.tasks import TaskResultStatus, default_task_backend
 from django.urls import reverse
 
+from django_dbworker.djtasks import TaskResultStatus, default_task_backend
 from django_dbworker.models import TaskRecord, TaskStatus
 from tests.testapp import tasks
 

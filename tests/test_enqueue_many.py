@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from django.db import IntegrityError, transaction
-from django.tasks.signals import task_enqueued
 
 from django_dbworker.backend import DBWorkerBackend, send_enqueued
+from django_dbworker.djtasks import task_enqueued
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import TaskRecord
 from django_dbworker.tasks import enqueue as newtasks

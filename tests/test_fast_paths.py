@@ -8,12 +8,11 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.tasks import default_task_backend
-from django.tasks.signals import task_finished
 from django.utils import timezone
 
 from django_dbworker.db import compiled, sources
 from django_dbworker.db.connections import TransactionCheck
+from django_dbworker.djtasks import default_task_backend, task_finished
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
 from django_dbworker.registry import workers
@@ -266,8 +265,7 @@ def test_status_statements_do_not_wait_for_the_wal_flush_on_postgres(vendor, set
 def test_plain_normalises_like_django():
     from collections import OrderedDict, UserList
 
-    from django.utils.json import normalize_json
-
+    from django_dbworker.djtasks import normalize_json
     from django_dbworker.tasks.enqueue import plain
 
     values = [

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from django.tasks.exceptions import TaskResultDoesNotExist
 
+from django_dbworker.djtasks import TaskResultDoesNotExist
 from django_dbworker.exceptions import CannotForget
 from django_dbworker.models import (
     DependencyState,

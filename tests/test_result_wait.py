@@ -9,9 +9,9 @@ import time
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
-from django.tasks.exceptions import TaskResultDoesNotExist
 
 from django_dbworker import cancel
+from django_dbworker.djtasks import TaskResultDoesNotExist
 from django_dbworker.exceptions import ResultTimeout, TaskFailed
 from django_dbworker.models import TaskRecord
 from tests.testapp import tasks

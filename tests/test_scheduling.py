@@ -72,9 +72,8 @@ def test_each_tick_enqueued_once_by_any_number_of_schedulers():
 
 
 def test_decorator_registers_and_validates():
-    from django.tasks import task
-
     from django_dbworker import scheduling
+    from django_dbworker.djtasks import task
     from tests.testapp import tasks
 
     cron("*/5 * * * *", name="five", args=[1, 2])(tasks.add)

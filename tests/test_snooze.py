@@ -9,15 +9,13 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.tasks import TaskResultStatus
-from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_finished, task_started
 from django.urls import reverse
 from django.utils import timezone
 
 import django_dbworker
 from django_dbworker import Finished, Snooze, worker, workers
 from django_dbworker.conf import MAX_DELAY
+from django_dbworker.djtasks import InvalidTask, TaskResultStatus, task_finished, task_started
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
 from django_dbworker.outcomes import RunOutcome
 from django_dbworker.rows.store import Claimant, lease_live
@@ -148,7 +146,7 @@ def test_max_snoozes_zero_makes_every_snooze_a_failure_filtered_by_retry_for():
     (10**10, "10000000000"),
 ])
 def test_bad_max_snoozes_fail_at_decoration(value, shown):
-    from django.tasks import task
+    from django_dbworker.djtasks import task
 
     def f():
         pass

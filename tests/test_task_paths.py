@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from django.tasks import default_task_backend
 
+from django_dbworker.djtasks import default_task_backend
 from django_dbworker.exceptions import UnknownTask
 from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.tasks import registry as task_registry

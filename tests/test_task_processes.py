@@ -9,9 +9,9 @@ import time
 
 import pytest
 from django.db import connection
-from django.tasks import TaskResultStatus, default_task_backend
 
 import django_dbworker
+from django_dbworker.djtasks import TaskResultStatus, default_task_backend
 from django_dbworker.models import TaskRecord, TaskStatus
 from tests.conftest import ROOT, wait_for
 from tests.testapp import tasks

@@ -5,13 +5,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import transaction
-from django.tasks import TaskResultStatus, default_task_backend, task_backends
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 
 import django_dbworker
 from django_dbworker.backend import DBWorkerBackend
+from django_dbworker.djtasks import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    default_task_backend,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.testing import run_until_idle
@@ -244,7 +251,7 @@ def test_an_unknown_queue_says_where_to_add_it():
 
 
 def test_an_unknown_queue_of_a_backend_without_queues_says_to_add_them():
-    from django.tasks import task
+    from django_dbworker.djtasks import task
 
     def f():
         pass
@@ -274,7 +281,7 @@ def test_an_unknown_queue_of_a_backend_without_queues_says_to_add_them():
     ],
 )
 def test_bad_decorator_options_fail_at_decoration(options, message):
-    from django.tasks import task
+    from django_dbworker.djtasks import task
 
     def f():
         pass
@@ -286,7 +293,7 @@ def test_bad_decorator_options_fail_at_decoration(options, message):
 
 
 def test_retry_for_accepts_a_single_class():
-    from django.tasks import task
+    from django_dbworker.djtasks import task
 
     def g():
         pass
@@ -351,7 +358,7 @@ def test_idempotency_key_returns_the_existing_result():
 
 
 def test_task_enqueued_is_sent_for_the_call_that_stored_a_keyed_task_only():
-    from django.tasks.signals import task_enqueued
+    from django_dbworker.djtasks import task_enqueued
 
     seen = []
 

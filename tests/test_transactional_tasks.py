@@ -7,8 +7,8 @@ import signal
 
 import pytest
 from django.db import connection
-from django.tasks.exceptions import InvalidTask
 
+from django_dbworker.djtasks import InvalidTask
 from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.testing import run_until_idle
 from tests.conftest import wait_for

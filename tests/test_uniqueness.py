@@ -16,11 +16,9 @@ from unittest import mock
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
-from django.tasks import task
-from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
+from django_dbworker.djtasks import InvalidTask, task, task_enqueued
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import TaskRecord, TaskStatus, TaskUniqueness
 from django_dbworker.rows.store import Claimant

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from django.db.models import OuterRef, Q
-from django.tasks import TaskResultStatus
 from django.utils import timezone
 
 from django_dbworker import ExecutionStatus, execution_status, has_task_status
+from django_dbworker.djtasks import TaskResultStatus
 from django_dbworker.models import TaskRecord, TaskStatus
 from tests.conftest import wait_for
 from tests.testapp.models import Awaiting, Document, Effect

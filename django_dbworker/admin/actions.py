@@ -12,14 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import django
 from django.contrib import messages
-from django.contrib.admin import ActionLocation, helpers
+from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.text import capfirst
+
+from .djadmin import FORM_ACTIONS, ActionLocation, base_actions
 
 #: At most this many selected rows are listed on the confirmation page.
 LISTED = 100
@@ -60,9 +63,13 @@ class GuardedActions:
                        location: ActionLocation) -> None:
         if request.method != "POST":
             return
-        allowed = self.get_actions(request, action_location=location)  # type: ignore[attr-defined]
+        allowed = base_actions(self, request, location)
         for name in request.POST.getlist(field):
             if name and name not in allowed:
+                if location == ActionLocation.CHANGE_FORM and not FORM_ACTIONS:
+                    raise PermissionDenied(
+                        f"Actions on a change page need Django 6.1 (this is Django "
+                        f"{django.get_version()}); run {name!r} from the list page.")
                 raise PermissionDenied(f"You may not run the action {name!r} here.")
 
     def run_change(self, request: HttpRequest, queryset: QuerySet[Any], change: Change,

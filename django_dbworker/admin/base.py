@@ -3,17 +3,16 @@ deletes that never remove a unit while it runs."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin import ActionLocation
 from django.contrib.admin.actions import delete_selected
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
 from .. import conf
+from .djadmin import ActionLocation, base_actions, with_func
 
 
 class QueueTableAdmin(admin.ModelAdmin):
@@ -48,12 +47,10 @@ class QueueTableAdmin(admin.ModelAdmin):
 
     def get_actions(self, request: HttpRequest,
                     action_location: ActionLocation = ActionLocation.CHANGE_LIST) -> Any:
-        actions = super().get_actions(request, action_location=action_location)
-        # Django's actions are never None; django-stubs' dict allows it. Django calls func
-        # with this admin; django-stubs' Action.func takes any ModelAdmin (the ignore).
+        actions = base_actions(super(), request, action_location)
+        # Django's actions are never None; django-stubs' dict allows it.
         if (delete := actions.get("delete_selected")) is not None:
-            actions["delete_selected"] = replace(
-                delete, func=type(self).delete_idle_selected)  # type: ignore[arg-type]
+            actions["delete_selected"] = with_func(delete, type(self).delete_idle_selected)
         return actions
 
     def delete_idle_selected(self, request: HttpRequest,

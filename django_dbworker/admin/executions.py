@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin import ActionLocation
 from django.contrib.admin.utils import quote
 from django.core.exceptions import ValidationError
 from django.db.models import OuterRef, Q, QuerySet, Subquery
@@ -21,6 +20,7 @@ from ..rows import keys, store
 from . import display
 from .actions import Change, GuardedActions
 from .base import QueueTableAdmin
+from .djadmin import ActionLocation, action
 from .filters import ExceptionFilter, WorkerFilter
 
 BOTH = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
@@ -171,16 +171,16 @@ class ExecutionAdmin(GuardedActions, QueueTableAdmin):
 
     # ----- actions ----------------------------------------------------------------------
 
-    @admin.action(permissions=["change"], location=BOTH,
-                  description="Retry the selected failed execution",
-                  description_plural="Retry the selected failed executions")
+    @action(permissions=["change"], location=BOTH,
+            description="Retry the selected failed execution",
+            description_plural="Retry the selected failed executions")
     def retry_failed(self, request: HttpRequest, queryset: QuerySet[Execution]) -> Any:
         return self.run_change(request, queryset, RETRY,
                                permitted=self.has_change_permission(request))
 
-    @admin.action(permissions=["change"], location=BOTH,
-                  description="Run this execution again",
-                  description_plural="Run the selected finished or failed executions again")
+    @action(permissions=["change"], location=BOTH,
+            description="Run this execution again",
+            description_plural="Run the selected finished or failed executions again")
     def run_again(self, request: HttpRequest, queryset: QuerySet[Execution]) -> Any:
         return self.run_change(request, queryset, RUN_AGAIN,
                                permitted=self.has_change_permission(request))

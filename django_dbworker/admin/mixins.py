@@ -18,7 +18,6 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.contrib.admin import ActionLocation
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 
@@ -28,6 +27,7 @@ from ..rows import keys, store
 from ..status import has_execution_status
 from . import display
 from .actions import Change, GuardedActions
+from .djadmin import ActionLocation, action, action_name, base_actions, get_action
 
 NO_STATUS = "none"
 
@@ -105,22 +105,20 @@ class WorkerStatusMixin(GuardedActions):
 
     def get_actions(self, request: HttpRequest,
                     action_location: ActionLocation = ActionLocation.CHANGE_LIST) -> Any:
-        actions = super().get_actions(  # type: ignore[misc]
-            request, action_location=action_location)
+        actions = base_actions(super(), request, action_location)
         if self.get_dbworker_workers() and self._may_reprocess(request):
-            action = self.get_action(  # type: ignore[attr-defined]
-                "dbworker_reprocess", action_location)
-            if action is not None:
-                actions[action.name] = action
+            found = get_action(self, "dbworker_reprocess", action_location)
+            if found is not None:
+                actions[action_name(found)] = found
         return actions
 
     def _may_reprocess(self, request: HttpRequest) -> bool:
         return bool(self.has_change_permission(request)  # type: ignore[attr-defined]
                     and request.user.has_perm("django_dbworker.change_execution"))
 
-    @admin.action(location=[ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM],
-                  description="Reprocess this row",
-                  description_plural="Reprocess the selected %(verbose_name_plural)s")
+    @action(location=[ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM],
+            description="Reprocess this row",
+            description_plural="Reprocess the selected %(verbose_name_plural)s")
     def dbworker_reprocess(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
         selected = self.get_dbworker_workers()
         change = Change(

@@ -19,6 +19,7 @@ from ..scheduling import MISFIRE
 from ..tasks import stored_schedules as stored
 from . import display
 from .actions import Change, GuardedActions
+from .djadmin import action
 from .executions import BOTH
 
 ENABLE = Change(
@@ -112,16 +113,16 @@ class StoredScheduleAdmin(GuardedActions, admin.ModelAdmin):
 
     # ----- actions ----------------------------------------------------------------------
 
-    @admin.action(permissions=["change"], location=BOTH,
-                  description="Enable this schedule",
-                  description_plural="Enable the selected schedules")
+    @action(permissions=["change"], location=BOTH,
+            description="Enable this schedule",
+            description_plural="Enable the selected schedules")
     def enable_schedules(self, request: HttpRequest, queryset: QuerySet[StoredSchedule]) -> Any:
         return self.run_change(request, queryset, ENABLE,
                                permitted=self.has_change_permission(request))
 
-    @admin.action(permissions=["change"], location=BOTH,
-                  description="Disable this schedule",
-                  description_plural="Disable the selected schedules")
+    @action(permissions=["change"], location=BOTH,
+            description="Disable this schedule",
+            description_plural="Disable the selected schedules")
     def disable_schedules(self, request: HttpRequest,
                           queryset: QuerySet[StoredSchedule]) -> Any:
         return self.run_change(request, queryset, DISABLE,

@@ -17,6 +17,7 @@ from ..tasks import store as taskstore
 from . import display
 from .actions import Change, GuardedActions
 from .base import QueueTableAdmin
+from .djadmin import action
 from .executions import BOTH
 
 CANCELLABLE = (TaskStatus.READY, TaskStatus.WAITING, TaskStatus.RETRYING, TaskStatus.RUNNING)
@@ -182,16 +183,16 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
 
     # ----- actions ----------------------------------------------------------------------
 
-    @admin.action(permissions=["change"], location=BOTH,
-                  description="Retry this task",
-                  description_plural="Retry the selected failed or cancelled tasks")
+    @action(permissions=["change"], location=BOTH,
+            description="Retry this task",
+            description_plural="Retry the selected failed or cancelled tasks")
     def retry_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> Any:
         return self.run_change(request, queryset, RETRY,
                                permitted=self.has_change_permission(request))
 
-    @admin.action(permissions=["change"], location=BOTH,
-                  description="Cancel this task",
-                  description_plural="Cancel the selected waiting or running tasks")
+    @action(permissions=["change"], location=BOTH,
+            description="Cancel this task",
+            description_plural="Cancel the selected waiting or running tasks")
     def cancel_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> Any:
         return self.run_change(request, queryset, CANCEL,
                                permitted=self.has_change_permission(request))

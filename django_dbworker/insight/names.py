@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from django.tasks import task_backends
-
 from .. import conf
+from ..djtasks import task_backends
 from ..models import Execution, TaskRecord
 from ..registry import workers
 

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 from django.db.models import Count, F, Q
-from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from .. import conf
+from ..djtasks import InvalidTask
 from ..exceptions import InvalidTaskArguments
 from ..models import ANY_QUEUE_GUARD, ConcurrencySlot, TaskRecord
 from ..rows.store import Claimant

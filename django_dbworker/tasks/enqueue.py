@@ -23,11 +23,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
-from django.tasks import Task
 from django.utils import timezone
-from django.utils.json import normalize_json
 
 from ..db import engine_for
+from ..djtasks import Task, normalize_json
 from ..models import TaskRecord, TaskStatus
 
 #: Rows per statement of one enqueue call: small enough that the first batch reaches the

@@ -7,9 +7,7 @@ from dataclasses import dataclass, fields
 from inspect import isclass
 from typing import Any
 
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
-
+from ..djtasks import TASK_REFRESH_ATTRS, Task, TaskError, TaskResult, TaskResultStatus
 from ..exceptions import DBWorkerError, UnknownTask
 from ..models import TaskRecord, TaskStatus
 from . import registry as task_registry

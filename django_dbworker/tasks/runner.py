@@ -10,17 +10,21 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, transaction
-from django.tasks import TaskContext, TaskResultStatus
-from django.tasks.exceptions import TaskResultDoesNotExist
-from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
-from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from .. import conf, progress
 from ..backend import DBWorkerTask
 from ..db import engine
 from ..db.connections import connected
+from ..djtasks import (
+    TaskContext,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_finished,
+    task_started,
+)
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..logs import log_event
 from ..models import TaskStatus

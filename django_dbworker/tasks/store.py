@@ -544,7 +544,7 @@ def cancel(result_id: Any) -> bool:
     using = _alias()
     row = get(result_id)
     if row is None:
-        from django.tasks.exceptions import TaskResultDoesNotExist
+        from ..djtasks import TaskResultDoesNotExist
 
         raise TaskResultDoesNotExist(str(result_id))
     now = timezone.now()

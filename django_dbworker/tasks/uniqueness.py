@@ -28,10 +28,10 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, OperationalError, connections, transaction
-from django.tasks.exceptions import InvalidTask
 
 from .. import conf
 from ..db import engine, notify
+from ..djtasks import InvalidTask
 from ..models import TaskRecord, TaskStatus, TaskUniqueness
 from . import enqueue as newtasks
 from . import registry as task_registry

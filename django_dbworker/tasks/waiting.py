@@ -40,7 +40,7 @@ def _check_timeout(timeout: float | None) -> None:
 
 def _ended(result: DBWorkerTaskResult, status: str | None) -> bool:
     if status is None:
-        from django.tasks.exceptions import TaskResultDoesNotExist
+        from ..djtasks import TaskResultDoesNotExist
 
         raise TaskResultDoesNotExist(
             f"Task result {result.id} no longer exists while waiting for it (deleted by "

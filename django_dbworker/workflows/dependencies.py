@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.tasks import TaskResult, task_backends
 from django.utils import timezone
 
 from .. import conf
 from ..db import refuse_unusable
+from ..djtasks import TaskResult, task_backends
 from ..exceptions import InvalidDependency
 from ..models import (
     TASK_FINISHED,

@@ -9,8 +9,8 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Exists, F, Func, OuterRef
-from django.tasks import TaskResultStatus
 
+from ..djtasks import TaskResultStatus
 from ..models import TaskRecord, TaskStatus
 from ..tasks.results import DJANGO_STATUS
 

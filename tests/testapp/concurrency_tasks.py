@@ -7,7 +7,7 @@ tests import it themselves.
 
 import time
 
-from django.tasks import task
+from django_dbworker.djtasks import task
 
 
 def account_key(account, *args, **kwargs):

@@ -5,7 +5,7 @@ by DBWORKER_GUARD_SIDE_EFFECT."""
 import os
 from pathlib import Path
 
-from django.tasks import task
+from django_dbworker.djtasks import task
 
 if os.environ.get("DBWORKER_GUARD_SIDE_EFFECT"):
     Path(os.environ["DBWORKER_GUARD_SIDE_EFFECT"]).write_text(f"imported by {os.getpid()}")

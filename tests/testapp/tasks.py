@@ -5,9 +5,8 @@ import gc
 import os
 import time
 
-from django.tasks import task
-
 from django_dbworker import set_progress
+from django_dbworker.djtasks import task
 
 from .models import Effect
 from .workers import Unprintable, _exhaust_memory

@@ -7,12 +7,12 @@ import sys
 from typing import Any, TextIO, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.tasks import task_backends
 from django.utils.module_loading import autodiscover_modules
 
 from django_dbworker import conf
 from django_dbworker.checks import in_memory_sqlite
 from django_dbworker.conf import LOG_FORMATS
+from django_dbworker.djtasks import task_backends
 from django_dbworker.embedding import die_with_parent
 from django_dbworker.exceptions import UnknownWorker
 from django_dbworker.logs import JsonFormatter
