@@ -247,7 +247,7 @@ def _candidates(using: str, now: Any, queues: list[str] | None, only_path: str |
     connection = connections[using]
     qs = TaskRecord.objects.using(using).ready(now)
     # Every queue: the index of every queue's claims (its guard: models.ANY_QUEUE_GUARD).
-    qs = qs.filter(ANY_QUEUE_GUARD if queues is None else Q(queue_name__in=queues))
+    qs = qs.filter(ANY_QUEUE_GUARD) if queues is None else qs.in_queues(queues)
     if paused:
         qs = qs.exclude(queue_name__in=list(paused))
     if only_path is not None:

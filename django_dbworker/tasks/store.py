@@ -187,11 +187,11 @@ def claim(
     paused = tuple(sorted(exclude_queues)) if queues is None else ()
 
     def build(at: datetime) -> Any:
-        inner: QuerySet[TaskRecord, Any] = TaskRecord.objects.using(using).ready(at)
-        if queues is not None:
-            inner = inner.filter(queue_name__in=queues)
-        else:  # the index of every queue's claims (its guard: models.ANY_QUEUE_GUARD)
-            inner = inner.filter(ANY_QUEUE_GUARD)
+        ready = TaskRecord.objects.using(using).ready(at)
+        # Some queues: their own index, never the every-queue one; every queue: that one
+        # (its guard: models.ANY_QUEUE_GUARD).
+        inner: QuerySet[TaskRecord, Any] = (
+            ready.in_queues(queues) if queues is not None else ready.filter(ANY_QUEUE_GUARD))
         if paused:
             inner = inner.exclude(queue_name__in=list(paused))
         if only_path is not None:
