@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from .db.hints import without_index
 from .db.partial import InStates, KeyField, PartialIndex, UniqueUnlessNull
 
 
@@ -295,6 +296,8 @@ TASK_FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
 #: The guard of ``dbworker_task_claimable_any``, true of every task (priority is a
 #: SmallIntegerField): the claims of every queue state it, so only they use that index.
 ANY_QUEUE_GUARD = Q(priority__gte=-32768)
+#: The index of the claims of every queue, which claims of some queues must not walk.
+ANY_QUEUE_INDEX = "dbworker_task_claimable_any"
 
 
 class TaskRecordQuerySet(models.QuerySet["TaskRecord"]):
@@ -305,6 +308,13 @@ class TaskRecordQuerySet(models.QuerySet["TaskRecord"]):
         with ``now``, only those whose ``available_at`` has come by then."""
         qs = self.filter(in_states(TASK_CLAIMABLE, "status"))
         return qs if now is None else qs.filter(available_at__lte=now)
+
+    def in_queues(self, queues: Iterable[str]) -> TaskRecordQuerySet:
+        """Of these queues, read through their own claim index (``dbworker_task_claimable``),
+        never the every-queue one, which would walk past the other queues' tasks ahead:
+        elsewhere its guard keeps it out (``ANY_QUEUE_GUARD``), on MariaDB/MySQL a hint
+        (``db.hints``)."""
+        return without_index(self.filter(queue_name__in=list(queues)), ANY_QUEUE_INDEX)
 
     def running(self) -> TaskRecordQuerySet:
         """Claimed and running now (the ``dbworker_task_running`` index)."""
@@ -406,7 +416,7 @@ class TaskRecord(models.Model):
             # task of the other queues that comes first (a paused backlog, a busy queue).
             PartialIndex(
                 fields=["-priority", "available_at"],
-                name="dbworker_task_claimable_any",
+                name=ANY_QUEUE_INDEX,
                 condition=Q(status__in=TASK_CLAIMABLE) & ANY_QUEUE_GUARD,
                 flag="dbworker_claimable",
             ),

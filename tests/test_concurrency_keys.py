@@ -129,6 +129,49 @@ def test_a_full_key_blocks_neither_other_keys_nor_plain_tasks_behind_it():
 
 
 @pytest_db
+def test_tasks_read_without_a_lock_are_claimed_only_while_they_wait_and_nobody_holds_them(
+        vendor):
+    """The pages a keyed claim reads past full keys without locks (MariaDB/MySQL:
+    ``Engine.locks_rows_it_filters``): ``claim_ids(held=False)`` locks them ``SKIP
+    LOCKED`` and takes only those still waiting, so a task another claim took or holds
+    meanwhile is never claimed twice."""
+    import threading
+
+    from django.db import connections, transaction
+
+    ids = {r.id for r in tasks.add.enqueue_many([((i, i), {}) for i in range(3)])}
+    (first,) = taskstore.claim(None, 1, Claimant(), 30)  # ties: in index order
+    taken = str(first.task_id)
+    locked, free = sorted(ids - {taken})
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another claim's transaction, holding one of the rows
+        try:
+            with transaction.atomic():
+                list(TaskRecord.objects.select_for_update().filter(pk=locked))
+                holding.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    if vendor != "sqlite":  # one writer at a time there: nothing can hold a row meanwhile
+        holder.start()
+        assert holding.wait(30)
+    try:
+        with transaction.atomic():
+            got = taskstore.claim_ids([taken, locked, free], Claimant(), 30, timezone.now(),
+                                      held=False)
+    finally:
+        release.set()
+        if holder.is_alive():
+            holder.join(30)
+    expected = {free} if vendor != "sqlite" else {locked, free}
+    assert {str(c.task_id) for c in got} == expected
+    assert TaskRecord.objects.get(pk=taken).attempts == 1, "the claim taken before: untouched"
+
+
+@pytest_db
 def test_the_plain_claim_leaves_keyed_tasks_to_the_keyed_one():
     ct.conc_account.enqueue_many([((1, i), {}) for i in range(3)])
     plain = tasks.add.enqueue(1, 1)

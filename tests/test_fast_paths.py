@@ -441,10 +441,8 @@ def test_task_claims_walk_an_index_without_sorting(vendor, queues, indexes):
             assert any(f"{index} " in plan for index in indexes), plan
             assert "Sort" not in plan, plan
         elif vendor == "mysql":  # the flag-led index (db.partial), in order, no filesort
-            if queues is not None:
-                # No partial index there, so no guard: either flag-led index gives the
-                # order, and MariaDB picks either (it took each in runs of the suite).
-                indexes = ("dbworker_task_claimable", "dbworker_task_claimable_any")
+            # (no partial index there, so no guard: a claim of some queues names the
+            # every-queue index it must not use, TaskRecordQuerySet.in_queues)
             cursor.execute(f"EXPLAIN {sql}")
             names = [c[0].lower() for c in cursor.description]
             rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -455,6 +453,52 @@ def test_task_claims_walk_an_index_without_sorting(vendor, queues, indexes):
             cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
             plan = "\n".join(row[-1] for row in cursor.fetchall())
             assert any(f"USING INDEX {index} " in plan for index in indexes), plan
+            assert "TEMP B-TREE" not in plan, plan
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_claim_of_one_queue_never_walks_past_another_queues_older_tasks(vendor, keyed):
+    """A paused queue's backlog (or any other queue's) older than the claimed queue's tasks
+    is never read by the claim of that queue: on MariaDB/MySQL, whose optimizer took the
+    every-queue index for it (when the claimed queue holds many of the waiting tasks) and
+    read the 3,000 older rows first, the claim names that index as one it must not use
+    (``db.hints``); elsewhere its guard keeps it out."""
+    from django.test.utils import CaptureQueriesContext
+
+    tasks.add.using(queue_name="emails").enqueue_many([([i, i], {}) for i in range(3000)])
+    tasks.add.enqueue_many([([i, i], {}) for i in range(3000)])
+    analyze = "ANALYZE TABLE" if vendor == "mysql" else "ANALYZE"
+    with connection.cursor() as cursor:
+        cursor.execute(f"{analyze} {TaskRecord._meta.db_table}")
+        if vendor == "mysql":
+            cursor.fetchall()
+    with CaptureQueriesContext(connection) as captured:
+        claimed = taskstore.claim(["default"], 100, store.Claimant(), 30, keyed=keyed)
+    assert len(claimed) == 100
+    assert {c.row(connection.alias).queue_name for c in claimed} == {"default"}
+    (sql,) = [q["sql"].rpartition("; ")[2] for q in captured.captured_queries
+              if "ORDER BY" in q["sql"]]
+    with connection.cursor() as cursor:
+        if vendor == "mysql":
+            cursor.execute("FLUSH STATUS")
+            cursor.execute(sql.replace(" FOR UPDATE SKIP LOCKED", ""))
+            cursor.fetchall()
+            cursor.execute("SHOW SESSION STATUS WHERE Variable_name IN "
+                           "('Handler_read_next', 'Handler_read_prev', 'Handler_read_rnd_next')")
+            read = sum(int(value) for _, value in cursor.fetchall())
+            assert read < 500, f"{read} rows read for 100 claimed (keyed: 400 read): {sql}"
+            cursor.execute(f"EXPLAIN {sql}")
+            names = [c[0].lower() for c in cursor.description]
+            (scan,) = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            assert scan["key"] == "dbworker_task_claimable", scan
+        elif vendor == "postgresql":
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "dbworker_task_claimable " in plan and "Sort" not in plan, plan
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+            plan = "\n".join(row[-1] for row in cursor.fetchall())
+            assert "USING INDEX dbworker_task_claimable " in plan, plan
             assert "TEMP B-TREE" not in plan, plan
 
 

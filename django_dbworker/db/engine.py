@@ -116,6 +116,10 @@ class Engine:
     #: Another connection's UPDATE of a row a transaction inserted and has not committed
     #: waits for that transaction (InnoDB) instead of not finding the row.
     writes_wait_for_uncommitted_rows: ClassVar[bool] = False
+    #: A locking read (``FOR UPDATE``) locks each row its index walk meets before its WHERE
+    #: filters the row out (InnoDB; PostgreSQL filters first): a walk that filters many
+    #: rows reads them without locks, and locks only the rows it picked.
+    locks_rows_it_filters: ClassVar[bool] = False
 
     # ----- connections ------------------------------------------------------------------
 

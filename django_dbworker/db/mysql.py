@@ -40,6 +40,7 @@ class MySQL(Engine):
     vendor = "mysql"
     watches_commits: ClassVar[bool] = True
     writes_wait_for_uncommitted_rows: ClassVar[bool] = True
+    locks_rows_it_filters: ClassVar[bool] = True
 
     # ----- connections ------------------------------------------------------------------
 

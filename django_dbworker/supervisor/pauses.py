@@ -44,7 +44,7 @@ class Pauses:
                       workers=",".join(sorted(workers)))
         self.queues, self.workers = queues, workers
         self.backlog = bool(queues) and TaskRecord.objects.using(self.using).ready(
-            timezone.now()).filter(queue_name__in=sorted(queues)).exists()
+            timezone.now()).in_queues(sorted(queues)).exists()
         return newly
 
     def holds(self, c: Unit) -> bool:

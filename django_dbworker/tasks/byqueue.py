@@ -25,7 +25,7 @@ def shares(queues: list[str], room: int) -> dict[str, int]:
     now = timezone.now()
     rows = TaskRecord.objects.using(conf.get().DATABASE).ready(now)
     heads = [
-        [(-priority, at, queue) for priority, at in rows.filter(queue_name=queue).order_by(
+        [(-priority, at, queue) for priority, at in rows.in_queues([queue]).order_by(
             F("priority").desc(), "available_at").values_list("priority", "available_at")[:room]]
         for queue in queues
     ]

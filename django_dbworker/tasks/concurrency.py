@@ -17,8 +17,11 @@ claim (``claim`` here), in one transaction:
    without a lock: bounded by what runs everywhere) and reads the next candidates without
    the rows that cannot fit (at most ``PAGES`` reads in all, each ``GROWTH`` times larger
    than the one before), so full keys block neither
-   other keys nor plain tasks behind them;
-6. marks the chosen tasks RUNNING in one statement (``store.claim_ids``).
+   other keys nor plain tasks behind them; where a locking read locks every row it walks
+   past (InnoDB: ``Engine.locks_rows_it_filters``), those next pages are read without
+   locks;
+6. marks the chosen tasks RUNNING in one statement (``store.claim_ids``); a task read
+   without a lock is locked there (``SKIP LOCKED``) and taken only if it still waits.
 
 A task becomes RUNNING only in a claim that holds its key's lock, and the count is read
 after the lock was taken (READ COMMITTED: a new snapshot per statement; SQLite: one writer
@@ -37,6 +40,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from .. import conf
+from ..db import engine
 from ..djtasks import InvalidTask
 from ..exceptions import InvalidTaskArguments
 from ..models import ANY_QUEUE_GUARD, ConcurrencySlot, TaskRecord
@@ -168,20 +172,25 @@ def claim(
     now = timezone.now()
     with transaction.atomic(using=using):
         paused = tuple(sorted(exclude_queues)) if queues is None else ()
-        chosen = _choose(using, now, queues, limit, only_path, tuple(exclude_paths), paused)
+        chosen, held = _choose(using, now, queues, limit, only_path, tuple(exclude_paths),
+                               paused)
         if not chosen:
             return []
-        claims = store.claim_ids(chosen, claimant, lease, now)
+        claims = store.claim_ids(chosen, claimant, lease, now, held=held)
     position = {pk: i for i, pk in enumerate(chosen)}
     return sorted(claims, key=lambda c: position[c.task_id])
 
 
 def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
             only_path: str | None, exclude: tuple[str, ...],
-            paused: tuple[str, ...] = ()) -> list[Any]:
-    """The ids to claim, in claim order (the transaction holds their rows and the slots of
-    their keys)."""
+            paused: tuple[str, ...] = ()) -> tuple[list[Any], bool]:
+    """The ids to claim, in claim order, and whether the transaction holds all their rows
+    (else some were read without a lock); it holds the slots of their keys."""
     chosen: list[Any] = []
+    # The pages after the first filter out what cannot fit: read without locks where a
+    # locking read would lock every row it walks past (Engine.locks_rows_it_filters).
+    lock_filtered = not engine(using).locks_rows_it_filters
+    held_all = True
     # How many run of each key: exact for the keys whose slots this claim holds; after a
     # first page that left room for want of places, a guess for every key that has a
     # RUNNING task (read without a lock, bounded by the tasks running everywhere), so
@@ -196,8 +205,9 @@ def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
         # Each page reads GROWTH times more: a full key's tasks may come in long runs (one
         # enqueue_many stores its calls grouped by key).
         size = min(max(want * GROWTH, FIRST_PAGE) * GROWTH ** page_number, MAX_PAGE)
+        lock = page_number == 0 or lock_filtered
         page = _candidates(using, now, queues, only_path, exclude,
-                           _full(running, skipped), chosen, size, paused)
+                           _full(running, skipped), chosen, size, paused, lock=lock)
         fresh = {key for _, key, _ in page if key is not None and key not in held
                  and key not in skipped}
         if fresh:
@@ -211,11 +221,14 @@ def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
             elif key in held and running.get(key, 0) < (key_limit or 1):
                 running[key] = running.get(key, 0) + 1
                 chosen.append(pk)
+            else:
+                continue
+            held_all = held_all and lock
             if len(chosen) == limit:
-                return chosen
+                return chosen, held_all
         if len(page) < size:
             break  # nothing more waits
-    return chosen
+    return chosen, held_all
 
 
 def _full(running: dict[str, int], skipped: set[str]) -> Q | None:
@@ -239,15 +252,15 @@ def _full(running: dict[str, int], skipped: set[str]) -> Q | None:
 
 def _candidates(using: str, now: Any, queues: list[str] | None, only_path: str | None,
                 exclude: tuple[str, ...], full: Q | None, chosen: list[Any],
-                size: int, paused: tuple[str, ...] = ()
+                size: int, paused: tuple[str, ...] = (), *, lock: bool = True
                 ) -> list[tuple[Any, str | None, int | None]]:
-    """Up to ``size`` waiting tasks in claim order, locked (``SKIP LOCKED``), without the
-    ``full`` ones, those chosen already and those of ``paused`` queues: ``(id, key,
-    limit)`` each."""
+    """Up to ``size`` waiting tasks in claim order, locked (``SKIP LOCKED``; ``lock``
+    False: read without locks), without the ``full`` ones, those chosen already and those
+    of ``paused`` queues: ``(id, key, limit)`` each."""
     connection = connections[using]
     qs = TaskRecord.objects.using(using).ready(now)
     # Every queue: the index of every queue's claims (its guard: models.ANY_QUEUE_GUARD).
-    qs = qs.filter(ANY_QUEUE_GUARD if queues is None else Q(queue_name__in=queues))
+    qs = qs.filter(ANY_QUEUE_GUARD) if queues is None else qs.in_queues(queues)
     if paused:
         qs = qs.exclude(queue_name__in=list(paused))
     if only_path is not None:
@@ -260,7 +273,7 @@ def _candidates(using: str, now: Any, queues: list[str] | None, only_path: str |
         qs = qs.exclude(pk__in=chosen)
     # The claim index's order (store.claim); ties in index order.
     qs = qs.order_by(F("priority").desc(), "available_at")
-    if connection.features.has_select_for_update_skip_locked:
+    if lock and connection.features.has_select_for_update_skip_locked:
         qs = qs.select_for_update(
             skip_locked=True,
             of=("self",) if connection.features.has_select_for_update_of else ())

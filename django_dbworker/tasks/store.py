@@ -204,11 +204,11 @@ def claim(
     paused = tuple(sorted(exclude_queues)) if queues is None else ()
 
     def build(at: datetime) -> Any:
-        inner: QuerySet[TaskRecord, Any] = TaskRecord.objects.using(using).ready(at)
-        if queues is not None:
-            inner = inner.filter(queue_name__in=queues)
-        else:  # the index of every queue's claims (its guard: models.ANY_QUEUE_GUARD)
-            inner = inner.filter(ANY_QUEUE_GUARD)
+        ready = TaskRecord.objects.using(using).ready(at)
+        # Some queues: their own index, never the every-queue one; every queue: that one
+        # (its guard: models.ANY_QUEUE_GUARD).
+        inner: QuerySet[TaskRecord, Any] = (
+            ready.in_queues(queues) if queues is not None else ready.filter(ANY_QUEUE_GUARD))
         if paused:
             inner = inner.exclude(queue_name__in=list(paused))
         if only_path is not None:
@@ -232,17 +232,28 @@ def claim(
     return _claim_candidates(inner_sql, inner_params, claimant, lease, now)
 
 
-def claim_ids(ids: list[Any], claimant: Claimant, lease: float,
-              now: datetime) -> list[TaskClaim]:
-    """Claim the tasks ``ids`` that the caller's transaction picked and holds (locked,
-    still waiting): ``tasks.concurrency.claim``. In no particular order."""
+def claim_ids(ids: list[Any], claimant: Claimant, lease: float, now: datetime, *,
+              held: bool = True) -> list[TaskClaim]:
+    """Claim the tasks ``ids`` that the caller's transaction picked (``tasks.concurrency
+    .claim``), in no particular order. ``held``: it holds them all (locked, still
+    waiting); else those it does not hold are locked here, ``SKIP LOCKED``, and claimed
+    only if they still wait (another claim may have taken them since they were read)."""
     using = _alias()
-    quote = connections[using].ops.quote_name
-    marks = ", ".join(["%s"] * len(ids))
-    sql = (f"SELECT {quote('id')} FROM {quote(TaskRecord._meta.db_table)} "
-           f"WHERE {quote('id')} IN ({marks})")
-    return _claim_candidates(sql, [_prep("id", pk, using) for pk in ids], claimant, lease, now,
-                             held=True)
+    connection = connections[using]
+    if held:
+        quote = connection.ops.quote_name
+        marks = ", ".join(["%s"] * len(ids))
+        sql = (f"SELECT {quote('id')} FROM {quote(TaskRecord._meta.db_table)} "
+               f"WHERE {quote('id')} IN ({marks})")
+        params: Sequence[Any] = [_prep("id", pk, using) for pk in ids]
+    else:
+        waiting = TaskRecord.objects.using(using).ready(now).filter(pk__in=ids).values("id")
+        if connection.features.has_select_for_update_skip_locked:
+            waiting = waiting.select_for_update(
+                skip_locked=True,
+                of=("self",) if connection.features.has_select_for_update_of else ())
+        sql, params = waiting.query.get_compiler(using).as_sql()
+    return _claim_candidates(sql, params, claimant, lease, now, held=True)
 
 
 def _claim_candidates(inner_sql: str, inner_params: Sequence[Any], claimant: Claimant,
