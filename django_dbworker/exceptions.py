@@ -127,6 +127,8 @@ class HandlerTimeout(DBWorkerError, TimeoutError):
 
 class CannotForget(DBWorkerError):
     """``result.forget()`` of a task that runs now, or that other tasks wait for."""
+
+
 class InvalidDependency(DBWorkerError, InvalidTask):
     """``task.using(after=[...])`` names something a task cannot wait for: not a task
     result or id of this database, a task that does not exist (never enqueued, enqueued

@@ -392,6 +392,8 @@ def effect_then_stolen(context, item_id):
     thread.start()
     thread.join(30)
     return item_id
+
+
 # ----- workflows (tests/test_workflow_groups.py, test_workflow_browser.py) --------------
 
 

@@ -342,6 +342,9 @@ def compute(item, context):
         if RELEASED_PROBE is not None:
             RELEASED_PROBE(free, context)
     Effect.objects.create(item_id=item.pk, worker="compute", note=f"{read} {free}")
+    return Finished()
+
+
 @worker(source=Awaiting, eligible=lambda: Awaiting.objects.filter(
     has_task_status("task_text", "SUCCESSFUL")).order_by("id"))
 def after_task(row):
