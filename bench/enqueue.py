@@ -14,7 +14,8 @@ workflow="bench")`` (a batch with an id: a Workflow row too) and a loop of ``--l
 table each time.
 
 Figures: ``many_per_s`` = tasks / median seconds of ``enqueue_many`` without arguments,
-``many_args_per_s`` the same with arguments, ``many_batch_per_s`` as a batch with an id; ``loop_per_s`` = loop calls / median seconds
+``many_args_per_s`` the same with arguments, ``many_batch_per_s`` as a batch with an id;
+``loop_per_s`` = loop calls / median seconds
 of the loop; ``ratio`` = seconds per task in the loop / seconds per task in
 ``enqueue_many``. Targets: ``many_per_s`` >= 50,000 on PostgreSQL, ratio >= 20.
 

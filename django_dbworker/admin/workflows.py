@@ -19,6 +19,7 @@ from ..workflows import handle
 from . import display
 from .actions import Change, GuardedActions
 from .base import QueueTableAdmin
+from .djadmin import action
 from .executions import BOTH
 
 #: At most this many members on a workflow's page (the task list shows them all).
@@ -160,7 +161,7 @@ class WorkflowAdmin(GuardedActions, QueueTableAdmin):
 
     # ----- actions ----------------------------------------------------------------------
 
-    @admin.action(permissions=["change"], location=BOTH,
+    @action(permissions=["change"], location=BOTH,
                   description="Cancel this workflow",
                   description_plural="Cancel the selected workflows")
     def cancel_workflows(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> Any:
