@@ -371,26 +371,22 @@ def forget_checked(c: Claim, check: Any = None) -> int:
 def fail(c: Claim, failure: FailureInfo) -> int:
     """Record a failed attempt and mark the execution FAILED (fenced by the token and the
     lease)."""
-    using = _alias()
-    now = timezone.now()
-    with transaction.atomic(using=using):
-        changed = _live(c, using, now).update(
-            state=State.FAILED, token=None, lease_expires_at=None, finished_at=now
-        )
-        if changed:
-            _record(c.execution_id, c.attempt, failure, now, using)
-    return changed
+    return _failed_attempt(c, failure, state=State.FAILED, finished_at=timezone.now())
 
 
 def retry_later(c: Claim, failure: FailureInfo, at: datetime) -> int:
     """Record a failed attempt of a worker with retries left: UNFINISHED until ``at``
     (its next claim), the failure kept with the others (fenced as ``fail``)."""
+    return _failed_attempt(c, failure, state=State.UNFINISHED, available_at=at)
+
+
+def _failed_attempt(c: Claim, failure: FailureInfo, **changes: Any) -> int:
+    """The claim ends (fenced by its token and lease) with ``changes``, and the attempt's
+    failure is kept, in one transaction."""
     using = _alias()
     now = timezone.now()
     with transaction.atomic(using=using):
-        changed = _live(c, using, now).update(
-            state=State.UNFINISHED, token=None, lease_expires_at=None, available_at=at
-        )
+        changed = _live(c, using, now).update(token=None, lease_expires_at=None, **changes)
         if changed:
             _record(c.execution_id, c.attempt, failure, now, using)
     return changed
