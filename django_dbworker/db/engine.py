@@ -325,16 +325,28 @@ class Engine:
     def update_from_values(self, cursor: Any, table: str, sets: str, set_params: Sequence[Any],
                            columns: Sequence[Any], rows: Sequence[Sequence[Any]], where: str,
                            where_params: Sequence[Any], *, returning: str,
-                           ) -> list[tuple[Any, ...]]:
+                           announce: str | None = None) -> list[tuple[Any, ...]]:
         """``UPDATE table SET sets FROM v WHERE where RETURNING returning``: ``v`` has the
         ``rows`` (Python values) in ``columns`` (model fields), ``sets`` and ``where`` may
-        name ``v.<column>``. One status statement (``execute_status``); the rows updated."""
+        name ``v.<column>``. One status statement (``execute_status``); the rows updated.
+        ``announce``: a channel to notify of the (one) returned column's values, in the
+        same statement, where the engine notifies (``announcing``)."""
         connection = cursor.db
         (with_values, before), (values, within) = self.values_source(connection, columns, rows)
         sql = (f"{with_values}UPDATE {table} SET {sets} FROM {values} WHERE {where} "
                f"RETURNING {returning}")
-        self.execute_status(cursor, sql, [*before, *set_params, *within, *where_params])
+        params = [*before, *set_params, *within, *where_params]
+        if announce is not None and self.notifies:
+            sql, params = self.announcing(sql, params, announce)
+        self.execute_status(cursor, sql, params)
         return cursor.fetchall()
+
+    def announcing(self, sql: str, params: list[Any], channel: str,
+                   ) -> tuple[str, list[Any]]:
+        """``sql`` (a statement returning one column) that also notifies ``channel`` of
+        the values it returns, comma-separated (``db/notify.py``'s ``ended_payload``).
+        Only where the engine ``notifies``."""
+        raise NotImplementedError
 
     def key_text(self, sql: str) -> str:
         """SQL of a primary key expression ``sql`` as the text ``source_id`` holds

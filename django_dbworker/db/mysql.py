@@ -126,11 +126,12 @@ class MySQL(Engine):
     def update_from_values(self, cursor: Any, table: str, sets: str, set_params: Sequence[Any],
                            columns: Sequence[Any], rows: Sequence[Sequence[Any]], where: str,
                            where_params: Sequence[Any], *, returning: str,
-                           ) -> list[tuple[Any, ...]]:
-        """No ``RETURNING`` on an UPDATE: in one transaction, what ``where`` selects of the
-        rows is read ``FOR UPDATE`` (returned), then updated through a join with the same
-        rows. ``v`` is a derived table of ``SELECT ... UNION ALL`` rows whose columns are
-        prefixed (``v.x`` is ``v.v_x``), so an unqualified SET target is never ambiguous."""
+                           announce: str | None = None) -> list[tuple[Any, ...]]:
+        """No ``RETURNING`` on an UPDATE (nor NOTIFY: ``announce`` is not used): in one
+        transaction, what ``where`` selects of the rows is read ``FOR UPDATE`` (returned),
+        then updated through a join with the same rows. ``v`` is a derived table of
+        ``SELECT ... UNION ALL`` rows whose columns are prefixed (``v.x`` is ``v.v_x``), so
+        an unqualified SET target is never ambiguous."""
         connection = cursor.db
         values, params = _derived(connection, columns, rows)
         sets, where = (_V_COLUMN.sub(r"v.v_\1", text) for text in (sets, where))

@@ -275,6 +275,22 @@ class PostgreSQL(Engine):
 
     # ----- wake-ups ---------------------------------------------------------------------
 
+    def announcing(self, sql: str, params: list[Any], channel: str,
+                   ) -> tuple[str, list[Any]]:
+        """The statement in a WITH, and one ``pg_notify`` of what it returned beside it:
+        still one statement and one round trip; no notification when it returned
+        nothing; ``*`` for a payload too long to send."""
+        from .notify import LONGEST_PAYLOAD
+
+        ended = "dbworker_ended_id::text"
+        wrapped = (
+            f"WITH dbworker_ended AS ({sql} AS dbworker_ended_id) "
+            "SELECT e.dbworker_ended_id FROM dbworker_ended AS e CROSS JOIN ("
+            f"SELECT pg_notify(%s, CASE WHEN sum(length({ended}) + 1) <= {LONGEST_PAYLOAD} "
+            f"THEN string_agg({ended}, ',') ELSE '*' END) FROM dbworker_ended "
+            "HAVING count(*) > 0) AS n")
+        return wrapped, [*params, channel]
+
     def listen(self, connection: BaseDatabaseWrapper, channel: str) -> Listening:
         raw = _connect_alone(connection)
         try:

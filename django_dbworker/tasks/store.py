@@ -396,7 +396,8 @@ def _succeed(done: Sequence[tuple[TaskClaim, Any, datetime]], *, lone: bool) -> 
     with connection.cursor() as cursor:
         changed = engine_for(connection).update_from_values(
             cursor, table, sets, [TaskStatus.SUCCESSFUL], columns, rows, where,
-            where_params, returning=f"{table}.{column['id']}")
+            where_params, returning=f"{table}.{column['id']}",
+            announce=notify.ENDED if notify.enabled(connection.alias) else None)
     return {to_id(value) for (value,) in changed}
 
 
@@ -440,8 +441,10 @@ def fail_attempt(
         if retry_at is not None:  # a retry never releases dependents
             return fenced.update(status=TaskStatus.RETRYING, available_at=retry_at, **done)
         changed = fenced.update(status=status, finished_at=now, **done)
-        if changed and row["has_dependents"]:
-            _resolve(using, c.task_id, status)
+        if changed:
+            notify.announce_ended(using, [c.task_id])
+            if row["has_dependents"]:
+                _resolve(using, c.task_id, status)
         return changed
 
 
@@ -571,6 +574,8 @@ def cancel(result_id: Any) -> bool:
             errors = [*current["errors"], error_entry(info, current["attempts"], now)]
             changed = waiting.update(status=TaskStatus.CANCELLED, finished_at=now,
                                      cancel_requested_at=now, errors=errors)
+            if changed:
+                notify.announce_ended(using, [row.pk])
             if changed and current["has_dependents"]:
                 _resolve(using, row.pk, TaskStatus.CANCELLED)
             return bool(changed)

@@ -19,6 +19,7 @@ from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from .. import conf
+from ..db import notify
 from ..exceptions import UnknownWorkflow
 from ..models import TaskDependency, TaskRecord, TaskStatus, Workflow
 
@@ -165,6 +166,7 @@ def _cancel_not_started(row: Workflow, using: str, now: datetime) -> int:
                 cancelled += tasks.filter(pk__in=chunk, status__in=NOT_STARTED).update(
                     status=TaskStatus.CANCELLED, finished_at=now, cancel_requested_at=now,
                     errors=[error_entry(info, attempts, now)])
+        notify.announce_ended(using, [pk for pk, _, _, _ in rows])
         ended = [pk for pk, _, _, has_dependents in rows if has_dependents]
         for chunk in _chunks(ended):
             resolve(using, [(pk, TaskStatus.CANCELLED) for pk in chunk])

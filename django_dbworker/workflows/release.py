@@ -159,10 +159,14 @@ def cancel_with(using: str, messages: dict[uuid.UUID, str],
         tasks.filter(pk__in=ids, status=TaskStatus.WAITING).select_for_update()
         .order_by("pk").values_list("pk", "errors", "attempts", "has_dependents"))]
     cascade: dict[uuid.UUID, str] = {}
+    ended: list[uuid.UUID] = []
     for pk, errors, attempts, has_dependents in rows:
         entry = error_entry(FailureInfo(FAILED_CLASS, messages[pk]), attempts, now)
         changed = tasks.filter(pk=pk, status=TaskStatus.WAITING).update(
             status=TaskStatus.CANCELLED, finished_at=now, errors=[*kept_errors(errors), entry])
+        if changed:
+            ended.append(pk)
         if changed and has_dependents:
             cascade[pk] = TaskStatus.CANCELLED
+    notify.announce_ended(using, ended)
     return cascade
