@@ -360,6 +360,33 @@ def test_retention_comes_back_at_once_while_its_batches_are_full():
 
 
 @pytest_db
+def test_retention_deletes_the_workflows_its_pruning_left_without_a_task():
+    from django_dbworker.models import Workflow
+
+    old = timezone.now() - timedelta(days=30)
+    gone = tasks.add.enqueue_many([((i, i), {}) for i in range(3)], workflow=True)
+    kept = tasks.add.enqueue_many([((i, i), {}) for i in range(2)], workflow=True)
+    recent = tasks.add.enqueue_many([((1, 1), {})], workflow="recent")
+    groups = {TaskRecord.objects.get(pk=r[0].id).workflow_id for r in (gone, kept, recent)}
+    assert len(groups) == 3 and None not in groups
+    Workflow.objects.exclude(pk=TaskRecord.objects.get(pk=recent[0].id).workflow_id) \
+        .update(created_at=old)
+    TaskRecord.objects.filter(pk__in=[r.id for r in [*gone, kept[0], *recent]]).update(
+        status=TaskStatus.SUCCESSFUL, finished_at=old)
+    Retention(replace(conf.get(), RETENTION=60.0)).run(0.0)
+    assert [str(pk) for pk in TaskRecord.objects.values_list("pk", flat=True)] == [
+        str(kept[1].id)]
+    left = set(Workflow.objects.values_list("pk", flat=True))
+    kept_group = TaskRecord.objects.get(pk=kept[1].id).workflow_id
+    assert kept_group in left, "a member left: the workflow stays"
+    assert len(left) == 2, "the recent workflow stays until it is older than the cutoff"
+    TaskRecord.objects.all().delete()
+    Workflow.objects.update(created_at=old)
+    assert taskstore.prune(timedelta(seconds=60), 1000) == 2  # dbworker prune too
+    assert not Workflow.objects.exists()
+
+
+@pytest_db
 def test_the_supervisors_loop_runs_maintenance_and_its_renewer_the_renewal():
     from django_dbworker.supervisor.supervisor import Options, Supervisor
 

@@ -620,10 +620,15 @@ def prune_batch(cutoff: datetime, batch: int) -> int:
 
 
 def prune(older_than: timedelta, batch: int) -> int:
-    """Delete every finished task older than ``older_than``, ``batch`` rows at a time."""
+    """Delete every finished task older than ``older_than``, ``batch`` rows at a time,
+    then the workflows left without a task (``workflows.retention``)."""
+    from ..workflows import retention
+
     cutoff = timezone.now() - older_than
     deleted = 0
     while n := prune_batch(cutoff, batch):
+        deleted += n
+    while n := retention.prune_batch(cutoff, batch):
         deleted += n
     return deleted
 

@@ -111,6 +111,15 @@ class Retention(Periodic):
         if cutoff is None:
             return
         pruned = taskstore.prune_batch(cutoff, PRUNE_BATCH)
+        if pruned < PRUNE_BATCH:  # the tasks are done: the workflows they left
+            from ...workflows import retention
+
+            workflows = retention.prune_batch(cutoff, PRUNE_BATCH)
+            if workflows:
+                log_event(logging.INFO, "pruned_workflows", workflows=workflows,
+                          older_than=cutoff.isoformat())
+                if workflows == PRUNE_BATCH:
+                    self.every.again()
         if pruned:
             # SQLite in incremental auto-vacuum mode gives the freed pages back (space.py).
             pages = space.after_prune(self.config.DATABASE)
