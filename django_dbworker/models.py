@@ -471,6 +471,8 @@ class TaskRecord(models.Model):
             "progress": self.progress, "progress_message": self.progress_message,
             "idempotency_key": self.idempotency_key,
             "unique_key": self.unique_key or None,
+            "workflow_id": str(self.workflow_id) if self.workflow_id else None,
+            "waiting_for": self.waiting_for,
             "error": errors[-1] if self.status == TaskStatus.FAILED and errors else None,
             "errors": errors,
         }
@@ -481,7 +483,8 @@ TASK_KEYS = (
     "kind", "id", "task", "queue", "status", "priority", "attempts", "crashes", "snoozes",
     "args", "kwargs", "result", "enqueued_at", "run_after", "available_at", "started_at",
     "last_attempted_at", "finished_at", "cancel_requested_at", "claimed_host", "claimed_pid",
-    "progress", "progress_message", "idempotency_key", "unique_key", "error", "errors",
+    "progress", "progress_message", "idempotency_key", "unique_key", "workflow_id",
+    "waiting_for", "error", "errors",
 )
 
 

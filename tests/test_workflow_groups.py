@@ -196,6 +196,18 @@ def written_by_hand():
     return a, b, c
 
 
+def test_inspect_json_of_a_member_names_its_workflow_and_what_it_waits_for():
+    s = tasks.wf_step.step
+    handle = chain(group(s(1), s(2)), s(3)).enqueue(name="inspected")
+    first, _, last = handle.results
+    doc = {u["id"]: u for u in run_json("inspect", first.id, last.id)["units"]}
+    assert doc[last.id]["workflow_id"] == doc[first.id]["workflow_id"] == str(handle.id)
+    assert doc[last.id]["status"] == "WAITING" and doc[last.id]["waiting_for"] == 2
+    assert doc[first.id]["waiting_for"] == 0
+    (alone,) = run_json("inspect", tasks.add.enqueue(1, 2).id)["units"]
+    assert alone["workflow_id"] is None and alone["waiting_for"] == 0
+
+
 def test_dbworker_workflow_json_lists_members_their_dependencies_and_progress():
     a, b, c = written_by_hand()
     doc = run_json("workflow", a.workflow_id)
