@@ -81,7 +81,7 @@ def test_a_round_trip_takes_the_rtt_and_is_counted_as_a_turn(forward):
 
 
 def test_opening_a_connection_costs_a_round_trip(forward):
-    forwarder, port = forward(40)
+    _forwarder, port = forward(40)
     begin = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as sock:
         _round_trip(sock)
