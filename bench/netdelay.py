@@ -29,6 +29,7 @@ import asyncio
 import collections
 import json
 import os
+import selectors
 import signal
 import sys
 import threading
@@ -306,7 +307,7 @@ class Forwarder:
                 ready.set()
                 await self.wait_closed()
 
-            asyncio.run(main())
+            run_precisely(main())
 
         self._thread = threading.Thread(target=run, name="netdelay", daemon=True)
         self._thread.start()
@@ -322,6 +323,36 @@ class Forwarder:
             self.loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def snapshot(pid: int, path: str, timeout: float = 10.0) -> dict[str, Any]:
+    """Ask the forwarder process ``pid`` (started with ``--stats path``) for its counts now:
+    SIGUSR1, then wait for a file written after the signal, and return what it holds."""
+    asked = time.time()
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as found:
+                stats = json.load(found)
+        except (OSError, ValueError):
+            stats = None
+        if stats is not None and stats["at"] >= asked:
+            return stats
+        time.sleep(0.002)
+    raise TimeoutError(f"the forwarder {pid} wrote no stats to {path} within {timeout:g}s")
+
+
+def run_precisely(main: Any) -> None:
+    """``asyncio.run(main)`` on a loop whose timers wake within tens of microseconds.
+
+    The default selector (epoll) waits whole milliseconds (asyncio rounds its timeout up):
+    a hold of 0.5 ms would last 1 ms, and a 1 ms RTT come out as 2 ms. ``select()`` takes
+    microseconds (and this process watches a few sockets only).
+    """
+    with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(
+            selectors.SelectSelector())) as runner:
+        runner.run(main)
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -360,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.rtt_ms < 0:
         parser.error(f"--rtt-ms {args.rtt_ms}: a round-trip time is 0 or more milliseconds")
     try:
-        asyncio.run(_main(args))
+        run_precisely(_main(args))
     except OSError as exc:
         sys.exit(f"netdelay: {exc}")
 
