@@ -59,6 +59,8 @@ SCRIPTS = {
     # each), and the task claim with 100,000 finished workflows in history vs none
     "workflows": ["--runs=3", "--tasks=10000", "--history=100000"],
 }
+#: How long ``--distance`` adds (bench/distance.py's whole sweep, on 2 CPUs).
+DISTANCE_MINUTES = "about 5 minutes"
 QUICK = {
     "throughput": ["--runs=1", "--rows=1000"],
     "row_feeds": ["--runs=1", "--rows=1000", "--history=0"],
@@ -77,6 +79,10 @@ QUICK = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--distance", action="store_true",
+                        help="also run distance.py (the database across a network at 0, 1 "
+                             "and 5 ms of RTT, ours and the peers; needs root; "
+                             f"{DISTANCE_MINUTES}; its own bench/results/distance.json)")
     parser.add_argument("--only", help="comma-separated benchmarks to run again (the others'"
                         " figures come from their last results), e.g. after CPU steal")
     args = parser.parse_args()
@@ -97,6 +103,13 @@ def main() -> None:
                        check=True, cwd=benchlib.ROOT)
         seconds[name] = round(time.monotonic() - begun, 1)
         steal[name] = benchlib.steal_percent(ticks, benchlib.cpu_ticks())
+    if args.distance:
+        print("=== distance", file=sys.stderr, flush=True)
+        begun, ticks = time.monotonic(), benchlib.cpu_ticks()
+        subprocess.run([sys.executable, str(benchlib.BENCH / "distance.py"),
+                        *(["--quick"] if args.quick else [])], check=True, cwd=benchlib.ROOT)
+        seconds["distance"] = round(time.monotonic() - begun, 1)
+        steal["distance"] = benchlib.steal_percent(ticks, benchlib.cpu_ticks())
     if not only:
         steal["total"] = benchlib.steal_percent(first, benchlib.cpu_ticks())
     loads["end"] = [round(x, 2) for x in os.getloadavg()]
