@@ -85,6 +85,8 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                         help=f"comma-separated, among: {', '.join(SYSTEMS)} (default: all "
                              "but procrastinate, which adds about 2.5 minutes)")
+    parser.add_argument("--results", default="distance.json",
+                        help="the file in bench/results/ to write (default distance.json)")
     parser.add_argument("--quick", action="store_true",
                         help="200 jobs, 3 samples, 0.5 s idle: a smoke test, not figures")
     args = parser.parse_args()
@@ -127,7 +129,7 @@ def main() -> None:
     loads["end"] = [round(x, 2) for x in os.getloadavg()]
     add_ratios(results)
     table = report(results)
-    path = benchlib.write_results("distance.json", {
+    path = benchlib.write_results(args.results, {
         "benchmark": "distance",
         "machine": benchlib.machine(),
         "servers": versions,
@@ -145,7 +147,8 @@ def main() -> None:
         "table": table,
     })
     print(table)
-    print(f"\nwritten: {path.relative_to(benchlib.ROOT)}")
+    shown = path.relative_to(benchlib.ROOT) if path.is_relative_to(benchlib.ROOT) else path
+    print(f"\nwritten: {shown}")
 
 
 def interrupted(signum: int, frame: Any) -> None:

@@ -116,6 +116,15 @@ class Counter:
             found["statements"] = sum(v["calls"] for k, v in stats.items() if k not in probe)
         return found
 
+    def queries(self) -> dict[str, int]:
+        """PostgreSQL only: the calls of each statement so far, the probe's excluded."""
+        if self.pg is None:
+            return {}
+        return dict(self.pg.execute(
+            "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 160), sum(calls)::bigint "
+            "FROM pg_stat_statements WHERE userid <> (SELECT oid FROM pg_roles "
+            "WHERE rolname = current_user) GROUP BY 1").fetchall())
+
     def between(self, before: dict[str, Any], after: dict[str, Any], units: int
                 ) -> dict[str, Any]:
         """Per unit between two snapshots: turns of each link, statements."""
@@ -239,13 +248,15 @@ def idle_and_latency(bench: Any, config: dict[str, Any], processes: list[Any], l
     folder.mkdir(parents=True, exist_ok=True)
     one(bench, str(folder / "warm-up"), processes, logs)
     time.sleep(0.5)
-    s_idle = counter.snapshot()
+    q_idle, s_idle = counter.queries(), counter.snapshot()
     time.sleep(config["idle_s"])
-    s_idled = counter.snapshot()
+    s_idled, q_idled = counter.snapshot(), counter.queries()
     idle = counter.between(s_idle, s_idled, 1)
+    idle["statements_by_query"] = calls_between(q_idle, q_idled, 1)
     idle["turns_per_s"] = {name: round(idle[f"{name}_turns"] / idle["seconds"], 2)
                            for name in counter.links}
     seconds, per_sample = [], []
+    q_first = counter.queries()
     low, high = config["gap_s"]
     for i in range(config["samples"]):
         time.sleep(random.uniform(low, high))
@@ -253,6 +264,7 @@ def idle_and_latency(bench: Any, config: dict[str, Any], processes: list[Any], l
         seconds.append(one(bench, str(folder / str(i)), processes, logs))
         time.sleep(config.get("settle_s", 0.05))  # the completion's own round trips
         per_sample.append(counter.between(before, counter.snapshot(), 1))
+    by_query = calls_between(q_first, counter.queries(), len(seconds))
     ms = sorted(s * 1000 for s in seconds)
 
     def pct(p: float) -> float:
@@ -269,9 +281,18 @@ def idle_and_latency(bench: Any, config: dict[str, Any], processes: list[Any], l
                     "turns_per_job_median": turns,
                     "statements_per_job_median": statistics.median(statements)
                     if statements else None,
+                    "statements_by_query_per_job": by_query,
                     "window": "from before the enqueue call to the handler's start, then "
                               f"{config.get('settle_s', 0.05)} s more"},
     }
+
+
+def calls_between(before: dict[str, int], after: dict[str, int], units: int
+                  ) -> dict[str, float]:
+    """The statements run between two ``Counter.queries()``, per unit, most called first
+    (the whole latency phase: its idle gaps too)."""
+    calls = {q: n - before.get(q, 0) for q, n in after.items() if n > before.get(q, 0)}
+    return {q: round(n / units, 2) for q, n in sorted(calls.items(), key=lambda x: -x[1])}
 
 
 def one(bench: Any, path: str, processes: list[Any], logs: Path, timeout: float = 30.0
