@@ -1,6 +1,6 @@
 """Run every benchmark, then write one summary table (about 7-10 minutes on 2 CPUs).
 
-    .venv/bin/python bench/run_all.py [--quick] [--only peers,...]
+    .venv/bin/python bench/run_all.py [--quick] [--only peers,...] [--distance]
 
 Runs, one after the other, each on PostgreSQL, SQLite and MariaDB: ``throughput.py`` (rows,
 tasks and the raw SQL reference, alternating, 3 runs of 5,000), ``row_feeds.py`` (rows
@@ -25,7 +25,9 @@ machine, its load average and the CPU steal of each benchmark; the same table go
 README.md and bench/README.md, between the marker lines ``README_TABLES`` names.
 ``--only peers`` (say) runs those again and takes the others' figures from their last
 results: for a benchmark a burst of CPU steal spoiled. ``--quick`` runs fewer repetitions
-(for a smoke test, not figures).
+(for a smoke test, not figures). ``--distance`` runs ``distance.py`` after the others (the
+database across a network at 0, 1 and 5 ms of RTT, ours and the peers; as root; about 6
+minutes; it writes bench/results/distance.json, not the summary table).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ SCRIPTS = {
     "workflows": ["--runs=3", "--tasks=10000", "--history=100000"],
 }
 #: How long ``--distance`` adds (bench/distance.py's whole sweep, on 2 CPUs).
-DISTANCE_MINUTES = "about 5 minutes"
+DISTANCE_MINUTES = "about 6 minutes at load 12, without procrastinate"
 QUICK = {
     "throughput": ["--runs=1", "--rows=1000"],
     "row_feeds": ["--runs=1", "--rows=1000", "--history=0"],
