@@ -18,8 +18,9 @@ Standalone (stdlib only)::
 
 prints ``ready`` on stdout once listening; writes the counts as JSON to ``--stats`` on
 SIGUSR1 (and keeps running: a benchmark reads counts between phases) and on SIGTERM/SIGINT
-(then exits). Importable: ``Forwarder(...).start()`` runs it in a thread of its own,
-``.stats()`` returns the counts, ``.stop()`` ends it.
+(then exits); ``snapshot(pid, path)`` does that from another process and returns the
+counts. Importable: ``Forwarder(...).start()`` runs it in a thread of its own, ``.stats()``
+returns the counts, ``.stop()`` ends it.
 """
 
 from __future__ import annotations

@@ -168,6 +168,10 @@ def test_the_command_prints_ready_and_writes_stats_on_usr1_and_term(echo, tmp_pa
                 time.sleep(0.01)
             assert json.loads(stats.read_text())["total"]["turns"] == 2
             _round_trip(sock)
+            # snapshot(): the signal, then a file written after it (not the last one).
+            now = netdelay.snapshot(process.pid, str(stats))
+            assert now["total"]["turns"] == 3
+            assert now["open_connections"] == 1
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
     finally:
