@@ -1,6 +1,6 @@
 """Run every benchmark, then write one summary table (about 7-10 minutes on 2 CPUs).
 
-    .venv/bin/python bench/run_all.py [--quick] [--only peers,...]
+    .venv/bin/python bench/run_all.py [--quick] [--only peers,...] [--distance]
 
 Runs, one after the other, each on PostgreSQL, SQLite and MariaDB: ``throughput.py`` (rows,
 tasks and the raw SQL reference, alternating, 3 runs of 5,000), ``row_feeds.py`` (rows
@@ -25,7 +25,9 @@ machine, its load average and the CPU steal of each benchmark; the same table go
 README.md and bench/README.md, between the marker lines ``README_TABLES`` names.
 ``--only peers`` (say) runs those again and takes the others' figures from their last
 results: for a benchmark a burst of CPU steal spoiled. ``--quick`` runs fewer repetitions
-(for a smoke test, not figures).
+(for a smoke test, not figures). ``--distance`` runs ``distance.py`` after the others (the
+database across a network at 0, 1 and 5 ms of RTT, ours and the peers; as root; about 4
+minutes; it writes bench/results/distance.json, not the summary table).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ SCRIPTS = {
     # each), and the task claim with 100,000 finished workflows in history vs none
     "workflows": ["--runs=3", "--tasks=10000", "--history=100000"],
 }
+#: How long ``--distance`` adds (bench/distance.py's whole sweep, on 2 CPUs).
+DISTANCE_MINUTES = "about 4 minutes, 6 at load 12"
 QUICK = {
     "throughput": ["--runs=1", "--rows=1000"],
     "row_feeds": ["--runs=1", "--rows=1000", "--history=0"],
@@ -77,6 +81,10 @@ QUICK = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--distance", action="store_true",
+                        help="also run distance.py (the database across a network at 0, 1 "
+                             "and 5 ms of RTT, ours and the peers; needs root; "
+                             f"{DISTANCE_MINUTES}; its own bench/results/distance.json)")
     parser.add_argument("--only", help="comma-separated benchmarks to run again (the others'"
                         " figures come from their last results), e.g. after CPU steal")
     args = parser.parse_args()
@@ -97,6 +105,13 @@ def main() -> None:
                        check=True, cwd=benchlib.ROOT)
         seconds[name] = round(time.monotonic() - begun, 1)
         steal[name] = benchlib.steal_percent(ticks, benchlib.cpu_ticks())
+    if args.distance:
+        print("=== distance", file=sys.stderr, flush=True)
+        begun, ticks = time.monotonic(), benchlib.cpu_ticks()
+        subprocess.run([sys.executable, str(benchlib.BENCH / "distance.py"),
+                        *(["--quick"] if args.quick else [])], check=True, cwd=benchlib.ROOT)
+        seconds["distance"] = round(time.monotonic() - begun, 1)
+        steal["distance"] = benchlib.steal_percent(ticks, benchlib.cpu_ticks())
     if not only:
         steal["total"] = benchlib.steal_percent(first, benchlib.cpu_ticks())
     loads["end"] = [round(x, 2) for x in os.getloadavg()]
