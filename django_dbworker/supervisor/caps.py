@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from .. import conf
 from ..registry import Worker
-from . import units
+from . import aio, units
 from .pool import Child
 from .units import Unit
 
@@ -28,6 +29,8 @@ class Caps:
         (waiting here or sent): as many as the children it may use hold at most (two
         batches of ``depth`` each), or its cap while a child gets one unit at a time."""
         per_child = 1 if depth <= 1 else 2 * depth
+        if aio.beside_others(worker):  # up to ASYNC_CONCURRENCY at once in a child
+            per_child = max(per_child, 2 * conf.get().ASYNC_CONCURRENCY)
         return worker.concurrency * per_child - held
 
     def admit(self, child: Child, children: Sequence[Child]) -> Callable[[Unit], bool] | None:

@@ -18,6 +18,7 @@ from multiprocessing.process import BaseProcess
 
 from django.db import connections
 
+from .. import conf
 from . import child
 from .handoff import Handoff
 from .units import Unit
@@ -81,6 +82,12 @@ class Child:
         c = self.sent.get(seq)
         return None if c is None else (c, since)
 
+    def running_all(self) -> list[tuple[Unit, float]]:
+        """Every unit it runs now and since when, first started first: one at most, or
+        several async units at once (``aio``)."""
+        return [(c, since) for seq, since in self.handoff.running_all()
+                if (c := self.sent.get(seq)) is not None]
+
     def waiting(self) -> list[Unit]:
         """Units sent that it has not started."""
         started = self.handoff.started()
@@ -103,18 +110,19 @@ class Child:
             if unit is c:
                 del self.sent[number]
 
-    def settle(self) -> tuple[Unit | None, list[Unit], list[Unit]]:
-        """After it exited: the unit it died running, those it ran without reporting
-        back, and those it never started. Everything is forgotten."""
+    def settle(self) -> tuple[list[Unit], list[Unit], list[Unit]]:
+        """After it exited: the units it died running (one at most, but for async units:
+        ``aio``), those it ran without reporting back, and those it never started.
+        Everything is forgotten."""
         started = self.handoff.started()
-        running = self.handoff.running()
-        died_in = None
+        running = {seq for seq, _ in self.handoff.running_all()}
+        died_in: list[Unit] = []
         ran, never = [], []
         for number, c in self.sent.items():
             if number > started:
                 never.append(c)
-            elif running is not None and number == running[0]:
-                died_in = c
+            elif number in running:
+                died_in.append(c)
             else:
                 ran.append(c)
         self.sent.clear()
@@ -287,7 +295,7 @@ def start(slot: int, using: str, max_tasks: int | None) -> Child:
         gc.freeze()
         _frozen = True
     ours, theirs = _fork.Pipe()
-    handoff = Handoff(_fork)
+    handoff = Handoff(_fork, slots=conf.get().ASYNC_CONCURRENCY)
     process = _fork.Process(
         target=_child_main,
         args=(theirs, using, max_tasks, os.getpid(), handoff),

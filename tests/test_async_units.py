@@ -1,0 +1,159 @@
+"""Async units run beside each other in a child (``supervisor/aio.py``), with real
+runworkers processes: the gain, the bound, failures and retries, timeouts, progress,
+graceful stop, and the rule for transactional row handlers (one at a time, in their
+transaction)."""
+
+import signal
+import time
+
+import pytest
+
+from django_dbworker import ExecutionStatus, execution_status
+from django_dbworker.djtasks import TaskResultStatus, default_task_backend
+from django_dbworker.models import TaskRecord, TaskStatus
+from django_dbworker.registry import workers
+from tests.conftest import wait_for
+from tests.testapp import async_units
+from tests.testapp.models import Effect, Item
+
+pytestmark = pytest.mark.processes
+
+ASYNC = {"DBWORKER_TEST_ASYNC": "1"}
+
+
+def bound(n):
+    return {**ASYNC, "DBWORKER_TEST_ASYNC_CONCURRENCY": str(n)}
+
+
+@pytest.fixture
+def async_workers():
+    names = async_units.register_workers()
+    yield names
+    for name in names:
+        workers.remove(name)
+
+
+def results(enqueued):
+    return [default_task_backend.get_result(r.id) for r in enqueued]
+
+
+def test_async_tasks_wait_together_in_one_child(runworkers):
+    """20 tasks that each await 0.5 s: about 1 s with one child, not 10 s."""
+    enqueued = async_units.nap.enqueue_many([((0.5, i), {}) for i in range(20)])
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(10))
+    started = time.monotonic()
+    assert p.wait(120) == 0, p.output()
+    took = time.monotonic() - started
+    done = results(enqueued)
+    assert {r.status for r in done} == {TaskResultStatus.SUCCESSFUL}
+    peaks = [r.return_value["peak"] for r in done]
+    assert max(peaks) == 10, f"at most ASYNC_CONCURRENCY=10 at once, and that many: {peaks}"
+    assert len({r.return_value["pid"] for r in done}) == 1
+    assert took < 6, f"20 x 0.5 s took {took:.1f} s with one child: they ran one at a time"
+    assert Effect.objects.filter(worker="nap").count() == 20
+
+
+def test_async_concurrency_one_runs_them_one_at_a_time(runworkers):
+    enqueued = async_units.nap.enqueue_many([((0.2, i), {}) for i in range(4)])
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(1))
+    assert p.wait(120) == 0, p.output()
+    assert [r.return_value["peak"] for r in results(enqueued)] == [1, 1, 1, 1]
+
+
+def test_the_bound_is_respected(runworkers):
+    enqueued = async_units.nap.enqueue_many([((0.3, i), {}) for i in range(12)])
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(3))
+    assert p.wait(120) == 0, p.output()
+    assert max(r.return_value["peak"] for r in results(enqueued)) == 3
+
+
+def test_sync_tasks_run_alone_beside_async_ones(runworkers):
+    """A plain task waits until no async unit runs in its child, and runs alone."""
+    mixed = [async_units.nap.enqueue(0.3, "a1"), async_units.nap.enqueue(0.3, "a2"),
+             async_units.sync_nap.enqueue(0.3, "s"), async_units.nap.enqueue(0.3, "a3")]
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(10))
+    assert p.wait(120) == 0, p.output()
+    done = results(mixed)
+    assert {r.status for r in done} == {TaskResultStatus.SUCCESSFUL}
+    # the process-wide peak when the plain one ended: the two before it ran together
+    assert done[2].return_value["peak"] == 2
+
+
+def test_async_failures_are_retried_and_recorded(runworkers):
+    ok = async_units.async_flaky.enqueue(succeed_on=2)
+    dead = async_units.async_flaky.enqueue(succeed_on=5)
+    naps = async_units.nap.enqueue_many([((0.2, i), {}) for i in range(5)])
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(10))
+    assert p.wait(120) == 0, p.output()
+    good = default_task_backend.get_result(ok.id)
+    assert good.status == TaskResultStatus.SUCCESSFUL and good.return_value == 2
+    assert good.attempts == 2 and len(good.errors) == 1
+    bad = default_task_backend.get_result(dead.id)
+    assert bad.status == TaskResultStatus.FAILED and bad.attempts == 3
+    assert "attempt 3 failed" in bad.errors[-1].traceback
+    assert {r.status for r in results(naps)} == {TaskResultStatus.SUCCESSFUL}
+
+
+def test_a_timeout_cancels_one_async_task_not_its_neighbours(runworkers):
+    hang = async_units.async_hang.enqueue(30)
+    naps = async_units.nap.enqueue_many([((2.0, i), {}) for i in range(5)])
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(10))
+    assert p.wait(120) == 0, p.output()
+    record = TaskRecord.objects.get(pk=hang.id)
+    assert record.status == TaskStatus.FAILED
+    error = default_task_backend.get_result(hang.id).errors[-1]
+    assert error.exception_class_path == "django_dbworker.exceptions.TaskTimeout"
+    assert "timeout of 1s and was cancelled" in error.traceback
+    done = results(naps)
+    assert {r.status for r in done} == {TaskResultStatus.SUCCESSFUL}
+    assert len({r.return_value["pid"] for r in done}) == 1, "no child was replaced"
+    assert "timed_out" not in p.output(), "the supervisor stopped a child"
+
+
+def test_progress_from_an_async_task(runworkers):
+    result = async_units.async_progress.enqueue()
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(10))
+    assert p.wait(120) == 0, p.output()
+    record = TaskRecord.objects.get(pk=result.id)
+    assert record.status == TaskStatus.SUCCESSFUL
+    assert (record.progress, record.progress_message) == (50, "half way")
+
+
+def test_sigterm_lets_running_async_tasks_finish(runworkers):
+    naps = async_units.nap.enqueue_many([((2.0, "mark"), {}) for i in range(5)])
+    p = runworkers("--concurrency", "1", "--queue", "default", extra_env=bound(10))
+    wait_for(lambda: Effect.objects.filter(worker="nap_started").count() == 5,
+             timeout=60, what="five async tasks running at once")
+    p.signal(signal.SIGTERM)
+    assert p.wait(60) == 0, p.output()
+    assert {r.status for r in results(naps)} == {TaskResultStatus.SUCCESSFUL}
+
+
+def test_async_row_handlers_run_together_unless_transactional(runworkers, async_workers):
+    loose = Item.objects.bulk_create([Item(kind="async_loose") for _ in range(8)])
+    boom = Item.objects.create(kind="async_loose", action="boom")
+    tx = Item.objects.bulk_create([Item(kind="async_tx") for _ in range(3)])
+    tx_boom = Item.objects.create(kind="async_tx", action="boom")
+    p = runworkers("--burst", "--concurrency", "1", "--worker", "async_loose",
+                   "--worker", "async_tx", extra_env=bound(10))
+    assert p.wait(120) == 0, p.output()
+    for item in loose + tx:
+        assert execution_status(worker=item.kind, source_id=item.pk) == \
+            ExecutionStatus.FINISHED
+    assert execution_status(worker="async_loose", source_id=boom.pk) == \
+        ExecutionStatus.FAILED
+    peaks = [int(n) for n in Effect.objects.filter(worker="async_loose")
+             .values_list("note", flat=True)]
+    assert max(peaks) >= 4, f"the non-transactional handlers ran together: {peaks}"
+    # transactional: one at a time, and a raise rolls back the writes it made
+    assert set(Effect.objects.filter(worker="async_tx").values_list("item_id", flat=True)) \
+        == {i.pk for i in tx}
+    assert execution_status(worker="async_tx", source_id=tx_boom.pk) == \
+        ExecutionStatus.FAILED
