@@ -3,11 +3,13 @@ runworkers processes: the gain, the bound, failures and retries, timeouts, progr
 graceful stop, and the rule for transactional row handlers (one at a time, in their
 transaction)."""
 
+import os
 import signal
 import time
 
 import pytest
 
+import django_dbworker
 from django_dbworker import ExecutionStatus, execution_status
 from django_dbworker.djtasks import TaskResultStatus, default_task_backend
 from django_dbworker.models import TaskRecord, TaskStatus
@@ -157,3 +159,89 @@ def test_async_row_handlers_run_together_unless_transactional(runworkers, async_
         == {i.pk for i in tx}
     assert execution_status(worker="async_tx", source_id=tx_boom.pk) == \
         ExecutionStatus.FAILED
+
+
+def test_a_child_killed_releases_every_async_unit_it_ran(runworkers):
+    naps = async_units.nap.enqueue_many([((3.0, "mark"), {}) for i in range(5)])
+    p = runworkers("--concurrency", "1", "--queue", "default", extra_env=bound(10))
+    wait_for(lambda: Effect.objects.filter(worker="nap_started").count() == 5,
+             timeout=60, what="five async tasks running at once")
+    (child,) = p.children()
+    os.kill(child, signal.SIGKILL)
+    wait_for(lambda: TaskRecord.objects.filter(pk__in=[r.id for r in naps],
+                                               status=TaskStatus.SUCCESSFUL).count() == 5,
+             timeout=60, what="the five tasks run again in a new child")
+    assert set(TaskRecord.objects.filter(pk__in=[r.id for r in naps])
+               .values_list("attempts", flat=True)) == {2}
+    assert p.output().count("child_died") == 5, p.output()
+    p.signal(signal.SIGTERM)
+    assert p.wait(60) == 0, p.output()
+
+
+def test_an_async_task_blocking_its_loop_past_its_timeout_has_its_child_stopped(runworkers):
+    """It cannot be cancelled on its loop: the supervisor stops its child STOP_GRACE
+    seconds after its timeout; what ran beside it goes back and runs again."""
+    block = async_units.async_block.enqueue(30)
+    beside = async_units.nap.enqueue(0.5, "beside")
+    started = time.monotonic()
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(10))
+    assert p.wait(120) == 0, p.output()
+    error = default_task_backend.get_result(block.id).errors[-1]
+    assert error.exception_class_path == "django_dbworker.exceptions.TaskTimeout"
+    assert "timed_out" in p.output() and "reason=\"stopped with the unit beside it\"" \
+        in p.output(), p.output()
+    assert time.monotonic() - started < 25
+    assert default_task_backend.get_result(beside.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_a_cancel_stops_one_running_async_task_not_its_neighbours(runworkers):
+    target = async_units.nap.enqueue(30, "mark")
+    naps = async_units.nap.enqueue_many([((3.0, "mark"), {}) for i in range(3)])
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(10))
+    wait_for(lambda: Effect.objects.filter(worker="nap_started").count() == 4,
+             timeout=60, what="four async tasks running at once")
+    assert django_dbworker.cancel(target.id)
+    wait_for(lambda: TaskRecord.objects.get(pk=target.id).status == TaskStatus.CANCELLED,
+             timeout=10, what="the cancelled task stopped within seconds")
+    assert p.wait(120) == 0, p.output()
+    done = results(naps)
+    assert {r.status for r in done} == {TaskResultStatus.SUCCESSFUL}
+    assert set(TaskRecord.objects.filter(pk__in=[r.id for r in naps])
+               .values_list("attempts", flat=True)) == {1}, "nothing beside it ran again"
+    assert "cut_off" not in p.output() and "timed_out" not in p.output(), p.output()
+
+
+@pytest.mark.parametrize("value", [0, 1.5, True, 5000, "10"])
+def test_a_bad_async_concurrency_is_refused_naming_it(value):
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test import override_settings
+
+    from django_dbworker import conf
+
+    with override_settings(DBWORKER={"ASYNC_CONCURRENCY": value}), \
+            pytest.raises(ImproperlyConfigured,
+                          match=rf"ASYNC_CONCURRENCY'\] is {value!r}; it must be an integer "
+                                r">= 1 and <= 1000"):
+        conf.load()
+
+
+@pytest.mark.django_db
+def test_async_handlers_and_tasks_run_in_process_with_run_until_idle(async_workers):
+    """``run_until_idle`` (no child, no loop of ours): each coroutine runs to completion;
+    a transactional handler's async ORM writes are in its transaction."""
+    from django_dbworker.testing import run_until_idle
+
+    loose = Item.objects.create(kind="async_loose")
+    tx = Item.objects.create(kind="async_tx")
+    tx_boom = Item.objects.create(kind="async_tx", action="boom")
+    result = async_units.async_flaky.enqueue(succeed_on=1)
+    counts = run_until_idle(async_workers, tasks=True)
+    assert counts["finished"] == 2 and counts["failed"] == 1, counts
+    assert execution_status(worker="async_loose", source_id=loose.pk) == \
+        ExecutionStatus.FINISHED
+    assert list(Effect.objects.filter(worker="async_tx").values_list("item_id", flat=True)) \
+        == [tx.pk], "the raising handler's write rolled back"
+    assert execution_status(worker="async_tx", source_id=tx_boom.pk) == ExecutionStatus.FAILED
+    assert default_task_backend.get_result(result.id).return_value == 1

@@ -40,7 +40,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 
 from .. import conf
-from ..exceptions import HandlerTimeout, TaskTimeout
+from ..exceptions import HandlerTimeout, TaskCancelled, TaskTimeout
 
 #: Seconds past its timeout after which the supervisor stops the child of a concurrent
 #: unit that was not cancelled on the loop (its coroutine blocks the loop).
@@ -130,6 +130,12 @@ class Binding:
     loop: asyncio.AbstractEventLoop
     timeout: float | None
     what: str
+    #: The unit's number in its child, and the child's coroutines by number (the loop's
+    #: thread only), for ``AsyncUnits.cancel``.
+    seq: int = -1
+    tasks: dict[int, asyncio.Task[Any]] | None = None
+    #: Numbers of the units whose cancel the supervisor asked for.
+    cancelled: set[int] | None = None
 
 
 _local = threading.local()
@@ -157,6 +163,28 @@ async def _awaited(value: Any) -> Any:
 
 
 async def _bounded(value: Any, binding: Binding) -> Any:
+    try:
+        return await _timed(value, binding)
+    except asyncio.CancelledError:
+        if binding.cancelled is None or binding.seq not in binding.cancelled:
+            raise
+    raise cancelled_error()
+
+
+def cancelled_error() -> TaskCancelled:
+    """What a task cancelled on its child's loop raises (``is_cancel`` tells it)."""
+    error = TaskCancelled("the task was cancelled while it ran; its coroutine was "
+                          "cancelled")
+    error.dbworker_cancel = True  # type: ignore[attr-defined]
+    return error
+
+
+def is_cancel(exc: BaseException) -> bool:
+    """Whether ``exc`` ended a task that was cancelled on its child's loop."""
+    return getattr(exc, "dbworker_cancel", False) is True
+
+
+async def _timed(value: Any, binding: Binding) -> Any:
     if binding.timeout is None:
         return await value
     try:
@@ -177,6 +205,10 @@ def _on_loop(binding: Binding, value: Any) -> Any:
     def start() -> None:
         task = binding.loop.create_task(_bounded(value, binding))
         task.add_done_callback(lambda t: _settle(t, done))
+        if binding.tasks is not None:
+            binding.tasks[binding.seq] = task
+            task.add_done_callback(lambda t: binding.tasks.pop(  # type: ignore[union-attr]
+                binding.seq, None))
 
     binding.loop.call_soon_threadsafe(start, context=contextvars.copy_context())
     return done.result()
@@ -212,6 +244,8 @@ class AsyncUnits:
         os.set_blocking(self._read, False)
         #: Numbers of the units running now.
         self.running: set[int] = set()
+        self._tasks: dict[int, asyncio.Task[Any]] = {}
+        self._cancelled: set[int] = set()
 
     def fileno(self) -> int:
         """Readable once a unit finished."""
@@ -227,7 +261,24 @@ class AsyncUnits:
         assert self._pool is not None and self._loop is not None
         self.running.add(seq)
         timeout, what = timeout_of(claim)
-        self._pool.submit(self._unit, Binding(self._loop, timeout, what), seq, claim)
+        self._pool.submit(self._unit, Binding(self._loop, timeout, what, seq, self._tasks,
+                                              self._cancelled), seq, claim)
+
+    def cancel(self, seq: int) -> None:
+        """The supervisor asks to cancel unit ``seq`` (a task whose cancel was asked
+        for): its coroutine is cancelled and it ends CANCELLED (``tasks.runner``); nothing
+        if it is through already."""
+        loop = self._loop
+        if loop is None or seq not in self.running:
+            return
+
+        def cancel() -> None:
+            task = self._tasks.get(seq)
+            if task is not None:
+                self._cancelled.add(seq)
+                task.cancel()
+
+        loop.call_soon_threadsafe(cancel)
 
     def _begin(self) -> None:
         loop = asyncio.new_event_loop()
@@ -260,6 +311,7 @@ class AsyncUnits:
             except queue.Empty:
                 break
             self.running.discard(seq)
+            self._cancelled.discard(seq)
             through.append((seq, report))
         return through
 

@@ -233,6 +233,9 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
             if batch is None:
                 stopping = True  # after the async units that run
                 continue
+            if isinstance(batch, tuple):  # ("cancel", seq): an async task's cancel
+                beside.cancel(batch[1])
+                continue
             waiting.extend(batch)
     finally:
         completions.close()

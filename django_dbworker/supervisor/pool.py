@@ -61,6 +61,8 @@ class Child:
     next_seq: int = 0
     retiring: bool = False
     stopping: bool = False
+    #: Async units (``aio``) asked to cancel on the child's loop: when, by number.
+    cancelling: dict[int, float] = field(default_factory=dict)
 
     @property
     def pid(self) -> int | None:
@@ -88,6 +90,19 @@ class Child:
         return [(c, since) for seq, since in self.handoff.running_all()
                 if (c := self.sent.get(seq)) is not None]
 
+    def cancel(self, c: Unit) -> float | None:
+        """Ask it to cancel the async unit ``c`` on its loop (once); returns the seconds
+        since it was first asked, None if ``c`` is not one of its units."""
+        seq = next((n for n, u in self.sent.items() if u is c), None)
+        if seq is None:
+            return None
+        asked = self.cancelling.get(seq)
+        if asked is None:
+            asked = self.cancelling[seq] = time.monotonic()
+            with contextlib.suppress(OSError):
+                self.pipe.send(("cancel", seq))
+        return time.monotonic() - asked
+
     def waiting(self) -> list[Unit]:
         """Units sent that it has not started."""
         started = self.handoff.started()
@@ -103,6 +118,7 @@ class Child:
 
     def reported(self, seq: int) -> Unit | None:
         """Unit ``seq`` was reported back: forget it; returns it (None: already forgotten)."""
+        self.cancelling.pop(seq, None)
         return self.sent.pop(seq, None)
 
     def forget(self, c: Unit) -> None:

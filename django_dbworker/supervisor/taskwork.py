@@ -128,6 +128,12 @@ class TaskWork:
                 found = [c for c, _ in now_running if is_task(c) and c.task_id == task_id]
                 if holder is None or not found:
                     continue  # it finished meanwhile (its child may run the next one)
+                if aio.concurrent(found[0]):
+                    # Cancelled on its child's loop, where it records itself CANCELLED;
+                    # the child is stopped only if that did not end it (a blocked loop).
+                    asked = holder.cancel(found[0])
+                    if asked is None or asked <= aio.STOP_GRACE:
+                        continue
                 self._stop(holder, found[0], stop, TaskStatus.CANCELLED, FailureInfo(
                     CANCELLED, "the task was cancelled while it ran and its process was "
                     "stopped"))

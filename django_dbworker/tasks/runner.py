@@ -213,6 +213,12 @@ def _nul_in(value: Any, path: str) -> str | None:
 
 def _failed(task: Any, c: TaskClaim, exc: BaseException, started: float) -> Result:
     _reset_connection()
+    if aio.is_cancel(exc):  # cancelled on its child's loop (supervisor/aio.py)
+        info = FailureInfo.caught(exc)
+        with recording("its cancel"):
+            stopped = record_stopped(c.task_path, c, info, status=TaskStatus.CANCELLED)
+        return _result(c, FAILED if stopped else LOST, started, info.message,
+                       level=logging.WARNING)
     info = FailureInfo.caught(exc)
     retry_at = None
     if isinstance(task, DBWorkerTask) and retry.should_retry(task, c.attempt, exc):

@@ -77,6 +77,13 @@ async def async_progress():
     return "done"
 
 
+@task(timeout=1)
+async def async_block(seconds):
+    """Blocks its loop (a plain sleep in an async def): it cannot be cancelled there; its
+    child is stopped past its timeout (``aio.STOP_GRACE``)."""
+    time.sleep(seconds)
+    return "woke"
+
 def register_workers() -> list[str]:
     """Register the async row workers; returns their names."""
 
@@ -107,3 +114,4 @@ def register_workers() -> list[str]:
 
 if os.environ.get("DBWORKER_TEST_ASYNC"):
     register_workers()
+
