@@ -35,6 +35,10 @@ def async_workers():
         workers.remove(name)
 
 
+def status_of(task_id):
+    return TaskRecord.objects.get(pk=task_id).status
+
+
 def results(enqueued):
     return [default_task_backend.get_result(r.id) for r in enqueued]
 
@@ -245,3 +249,27 @@ def test_async_handlers_and_tasks_run_in_process_with_run_until_idle(async_worke
         == [tx.pk], "the raising handler's write rolled back"
     assert execution_status(worker="async_tx", source_id=tx_boom.pk) == ExecutionStatus.FAILED
     assert default_task_backend.get_result(result.id).return_value == 1
+
+
+def test_async_orm_calls_reconnect_after_the_server_ended_their_session(runworkers):
+    """The thread where async code's ORM calls run keeps its connection between units: one
+    that the server ended is closed before the next unit's coroutine (``aio._heal``), so
+    the next call reconnects instead of failing for ever."""
+    from tests.test_chaos import _terminator
+
+    terminate = _terminator()
+    if terminate is None:
+        pytest.skip("SQLite: no server session to end")
+    first = async_units.async_orm.enqueue(1)
+    p = runworkers("--concurrency", "1", "--queue", "default", extra_env=bound(10))
+    wait_for(lambda: status_of(first.id) == TaskStatus.SUCCESSFUL, timeout=60,
+             what="the first task")
+    assert terminate() > 0
+    later = async_units.async_orm.enqueue_many([((n,), {}) for n in range(2, 6)])
+    ids = [r.id for r in later]
+    wait_for(lambda: TaskRecord.objects.filter(pk__in=ids).exclude(
+        status__in=[TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.RETRYING]).count() == 4,
+        timeout=60, what="the later tasks ended")
+    assert {status_of(i) for i in ids} == {TaskStatus.SUCCESSFUL}, p.output()
+    p.signal(signal.SIGTERM)
+    assert p.wait(60) == 0, p.output()

@@ -37,7 +37,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 
 from .. import conf
 from ..exceptions import HandlerTimeout, TaskCancelled, TaskTimeout
@@ -162,8 +162,25 @@ async def _awaited(value: Any) -> Any:
     return await value
 
 
+def _heal() -> None:
+    """In the thread where async code's ORM calls run (asgiref's, shared by the child's
+    units): close a connection that an error left unusable (a restarted server, a lost
+    session), as Django does between requests, so that the next call reconnects. A round
+    trip only after an error on it."""
+    from django.db import connections
+
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None or not connection.errors_occurred:
+            continue
+        if connection.in_atomic_block or connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            connection.close()
+
+
 async def _bounded(value: Any, binding: Binding) -> Any:
     try:
+        await sync_to_async(_heal)()
         return await _timed(value, binding)
     except asyncio.CancelledError:
         if binding.cancelled is None or binding.seq not in binding.cancelled:

@@ -84,6 +84,13 @@ async def async_block(seconds):
     time.sleep(seconds)
     return "woke"
 
+
+@task(retries=3, retry_delay=0, retry_for=(Exception,))
+async def async_orm(n):
+    """Its ORM call runs in the thread shared by the child's async code (asgiref's)."""
+    await Effect.objects.acreate(item_id=n, worker="async_orm", pid=os.getpid())
+    return n
+
 def register_workers() -> list[str]:
     """Register the async row workers; returns their names."""
 
