@@ -12,7 +12,7 @@ import pytest
 import django_dbworker
 from django_dbworker import ExecutionStatus, execution_status
 from django_dbworker.djtasks import TaskResultStatus, default_task_backend
-from django_dbworker.models import TaskRecord, TaskStatus
+from django_dbworker.models import Supervisor, TaskRecord, TaskStatus
 from django_dbworker.registry import workers
 from tests.conftest import wait_for
 from tests.testapp import async_units
@@ -133,10 +133,14 @@ def test_progress_from_an_async_task(runworkers):
 
 
 def test_sigterm_lets_running_async_tasks_finish(runworkers):
-    naps = async_units.nap.enqueue_many([((2.0, "mark"), {}) for i in range(5)])
-    p = runworkers("--concurrency", "1", "--queue", "default", extra_env=bound(10))
+    naps = async_units.nap.enqueue_many([((3.0, "mark"), {}) for i in range(5)])
+    p = runworkers("--concurrency", "1", "--queue", "default", extra_env=bound(10),
+                   lease=1.5)  # a heartbeat every 0.5 s
     wait_for(lambda: Effect.objects.filter(worker="nap_started").count() == 5,
              timeout=60, what="five async tasks running at once")
+    wait_for(lambda: len((Supervisor.objects.filter(pid=p.pid).first() or Supervisor())
+                         .running or []) == 5,
+             timeout=30, what="the heartbeat naming the five units the child runs")
     p.signal(signal.SIGTERM)
     assert p.wait(60) == 0, p.output()
     assert {r.status for r in results(naps)} == {TaskResultStatus.SUCCESSFUL}

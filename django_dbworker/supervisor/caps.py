@@ -4,7 +4,9 @@ A child runs the units it holds one after another, so a worker whose units are i
 ``concurrency`` children never has more than that many running at once, however many more
 wait behind them (claimed ahead, sent in batches). A unit of a worker at its cap waits in
 the supervisor for a child that holds some of that worker's units already, or until one
-that held some has reported them all; tasks have no cap of their own.
+that held some has reported them all; tasks have no cap of their own. The units of an
+``async def`` handler with ``transactional=False`` run beside each other in a child
+(``aio``): each of the ``concurrency`` children runs up to ``ASYNC_CONCURRENCY`` of them.
 """
 
 from __future__ import annotations
