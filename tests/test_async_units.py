@@ -277,3 +277,16 @@ def test_async_orm_calls_reconnect_after_the_server_ended_their_session(runworke
     assert {status_of(i) for i in ids} == {TaskStatus.SUCCESSFUL}, p.output()
     p.signal(signal.SIGTERM)
     assert p.wait(60) == 0, p.output()
+
+
+def test_the_loop_and_its_threads_start_with_the_first_async_unit(runworkers):
+    before = async_units.thread_names.enqueue()
+    nap = async_units.nap.enqueue(0.1)
+    after = async_units.thread_names.enqueue()
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(10))
+    assert p.wait(120) == 0, p.output()
+    first, last = (default_task_backend.get_result(r.id).return_value for r in (before, after))
+    assert default_task_backend.get_result(nap.id).status == TaskResultStatus.SUCCESSFUL
+    assert "dbworker-loop" not in first and "dbworker-async" not in first, first
+    assert "dbworker-loop" in last and "dbworker-async" in last, last

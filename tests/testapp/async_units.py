@@ -91,6 +91,14 @@ async def async_orm(n):
     await Effect.objects.acreate(item_id=n, worker="async_orm", pid=os.getpid())
     return n
 
+
+@task
+def thread_names():
+    """The names of its child's threads (the loop's and the units' appear lazily)."""
+    import threading
+
+    return sorted(t.name.split("_")[0] for t in threading.enumerate())
+
 def register_workers() -> list[str]:
     """Register the async row workers; returns their names."""
 
