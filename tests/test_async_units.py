@@ -290,3 +290,15 @@ def test_the_loop_and_its_threads_start_with_the_first_async_unit(runworkers):
     assert default_task_backend.get_result(nap.id).status == TaskResultStatus.SUCCESSFUL
     assert "dbworker-loop" not in first and "dbworker-async" not in first, first
     assert "dbworker-loop" in last and "dbworker-async" in last, last
+
+
+def test_past_the_grace_period_every_running_async_unit_goes_back(runworkers):
+    naps = async_units.nap.enqueue_many([((60, "mark"), {}) for i in range(4)])
+    p = runworkers("--concurrency", "1", "--queue", "default", "--grace-period", "1",
+                   extra_env=bound(10))
+    wait_for(lambda: Effect.objects.filter(worker="nap_started").count() == 4,
+             timeout=60, what="four async tasks running at once")
+    p.signal(signal.SIGTERM)
+    p.wait(60)
+    assert p.output().count("cut_off") == 4, p.output()
+    assert {status_of(r.id) for r in naps} == {TaskStatus.READY}, "released, to run again"
