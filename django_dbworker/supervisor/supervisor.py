@@ -209,7 +209,7 @@ class Supervisor:
                 self.discovery.start(time.monotonic())  # rows may have become eligible since
                 last_round = True  # its steps and one more claim, at once, not after a poll
             self.progress.show()
-            room = any(self._room(ch) for ch in self.children)
+            room = any(self._room(ch) or aio.room_beside(ch) for ch in self.children)
             timeout = 0.0 if (claimed and room) or last_round else self._idle_timeout()
             if self._claims_deferred:
                 timeout = min(timeout, TRANSIENT_CLAIM_RETRY)
