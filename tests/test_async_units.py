@@ -302,3 +302,15 @@ def test_past_the_grace_period_every_running_async_unit_goes_back(runworkers):
     p.wait(60)
     assert p.output().count("cut_off") == 4, p.output()
     assert {status_of(r.id) for r in naps} == {TaskStatus.READY}, "released, to run again"
+
+
+def test_an_async_task_snoozes_beside_others(runworkers):
+    snoozer = async_units.async_snoozer.enqueue("k")
+    naps = async_units.nap.enqueue_many([((0.3, i), {}) for i in range(3)])
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
+                   extra_env=bound(10))
+    assert p.wait(120) == 0, p.output()
+    result = default_task_backend.get_result(snoozer.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "awake"
+    assert result.attempts == 1, "a snooze uses no attempt"
+    assert {r.status for r in results(naps)} == {TaskResultStatus.SUCCESSFUL}

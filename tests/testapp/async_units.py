@@ -99,6 +99,17 @@ def thread_names():
 
     return sorted(t.name.split("_")[0] for t in threading.enumerate())
 
+
+@task
+async def async_snoozer(key):
+    """Snoozes once (no attempt used), then returns."""
+    from django_dbworker import Snooze
+
+    if not await Effect.objects.filter(worker="snoozed", note=key).aexists():
+        await Effect.objects.acreate(item_id=0, worker="snoozed", note=key)
+        raise Snooze(0.1)
+    return "awake"
+
 def register_workers() -> list[str]:
     """Register the async row workers; returns their names."""
 
