@@ -314,3 +314,44 @@ def test_an_async_task_snoozes_beside_others(runworkers):
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "awake"
     assert result.attempts == 1, "a snooze uses no attempt"
     assert {r.status for r in results(naps)} == {TaskResultStatus.SUCCESSFUL}
+
+
+@pytest.fixture
+def loop():
+    import asyncio
+    import threading
+
+    running = asyncio.new_event_loop()
+    threading.Thread(target=running.run_forever, daemon=True).start()
+    yield running
+    running.call_soon_threadsafe(running.stop)
+
+
+def test_on_the_loop_a_timeout_a_cancel_and_the_coroutines_own_timeout_error(loop):
+    """``aio._on_loop``, without a child: what a unit's thread gets back."""
+    import asyncio
+
+    from django_dbworker.exceptions import HandlerTimeout, TaskCancelled, TaskTimeout
+    from django_dbworker.supervisor import aio
+
+    async def value(v, wait=0.0):
+        await asyncio.sleep(wait)
+        return v
+
+    async def own_timeout():
+        raise TimeoutError("the coroutine's own")
+
+    assert aio._on_loop(aio.Binding(loop, 5, "task"), value(3)) == 3
+    with pytest.raises(TaskTimeout, match="timeout of 0.05s and was cancelled"):
+        aio._on_loop(aio.Binding(loop, 0.05, "task"), value(3, wait=5))
+    with pytest.raises(HandlerTimeout, match="the handler ran longer"):
+        aio._on_loop(aio.Binding(loop, 0.05, "handler"), value(3, wait=5))
+    with pytest.raises(TimeoutError, match="the coroutine's own") as raised:
+        aio._on_loop(aio.Binding(loop, 5, "task"), own_timeout())
+    assert type(raised.value) is TimeoutError
+    # a cancel asked for before its coroutine began (it was reading its row)
+    early = value(3, wait=5)
+    with pytest.raises(TaskCancelled) as cancelled:
+        aio._on_loop(aio.Binding(loop, None, "task", 7, {}, {7}), early)
+    assert aio.is_cancel(cancelled.value)
+    early.close()

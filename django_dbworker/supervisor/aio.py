@@ -221,19 +221,23 @@ def _on_loop(binding: Binding, value: Any) -> Any:
 
     def start() -> None:
         task = binding.loop.create_task(_bounded(value, binding))
-        task.add_done_callback(lambda t: _settle(t, done))
+        task.add_done_callback(lambda t: _settle(t, done, binding))
         if binding.tasks is not None:
             binding.tasks[binding.seq] = task
             task.add_done_callback(lambda t: binding.tasks.pop(  # type: ignore[union-attr]
                 binding.seq, None))
+        if binding.cancelled is not None and binding.seq in binding.cancelled:
+            task.cancel()  # its cancel came while it read its row
 
     binding.loop.call_soon_threadsafe(start, context=contextvars.copy_context())
     return done.result()
 
 
-def _settle(task: asyncio.Task[Any], done: futures.Future[Any]) -> None:
-    if task.cancelled():
-        done.set_exception(asyncio.CancelledError("the unit's coroutine was cancelled"))
+def _settle(task: asyncio.Task[Any], done: futures.Future[Any], binding: Binding) -> None:
+    if task.cancelled():  # before its coroutine began, or it would not be cancelled
+        asked = binding.cancelled is not None and binding.seq in binding.cancelled
+        done.set_exception(cancelled_error() if asked else asyncio.CancelledError(
+            "the unit's coroutine was cancelled"))
     elif (exc := task.exception()) is not None:
         done.set_exception(exc)
     else:
@@ -289,10 +293,10 @@ class AsyncUnits:
         if loop is None or seq not in self.running:
             return
 
-        def cancel() -> None:
+        def cancel() -> None:  # on the loop; if its coroutine has not started, at its start
+            self._cancelled.add(seq)
             task = self._tasks.get(seq)
             if task is not None:
-                self._cancelled.add(seq)
                 task.cancel()
 
         loop.call_soon_threadsafe(cancel)
