@@ -59,6 +59,9 @@ DBWORKER = {"DATABASE": "default", "LEASE_SECONDS": 60.0}
 #: BENCH_PREFETCH=<n>: DBWORKER["PREFETCH"] for the runworkers the benchmarks start.
 if os.environ.get("BENCH_PREFETCH"):
     DBWORKER["PREFETCH"] = int(os.environ["BENCH_PREFETCH"])
+#: BENCH_ASYNC_CONCURRENCY=<n>: DBWORKER["ASYNC_CONCURRENCY"] (async_io.py: 1 vs N).
+if os.environ.get("BENCH_ASYNC_CONCURRENCY"):
+    DBWORKER["ASYNC_CONCURRENCY"] = int(os.environ["BENCH_ASYNC_CONCURRENCY"])
 #: BENCH_POLL=<seconds>: DBWORKER["POLL_INTERVAL"] (latency.py runs SQLite with several).
 if os.environ.get("BENCH_POLL"):
     DBWORKER["POLL_INTERVAL"] = float(os.environ["BENCH_POLL"])

@@ -60,6 +60,9 @@ class Config:
     #: size minus one, while recent units ran briefly (0: one unit at a time, claimed for
     #: free children only). See supervisor/prefetch.py.
     PREFETCH: int = 32
+    #: Async units (``async def`` tasks and non-transactional row handlers) a child runs
+    #: at once on its event loop; 1: one at a time. See supervisor/aio.py.
+    ASYNC_CONCURRENCY: int = 10
     #: Units a child runs before it is replaced (``None``: never replaced).
     MAX_TASKS_PER_CHILD: int | None = None
     #: Seconds a SQLite connection waits for the write lock before giving up.
@@ -118,7 +121,7 @@ _NULLABLE = {
 }
 _AT_LEAST_ONE = {
     "MAX_CRASHES", "SWEEP_BATCH", "CONCURRENCY", "MAX_TASKS_PER_CHILD", "RESULT_MAX_BYTES",
-    "ARGUMENTS_MAX_BYTES", "CHILD_MAX_MEMORY_MB",
+    "ARGUMENTS_MAX_BYTES", "CHILD_MAX_MEMORY_MB", "ASYNC_CONCURRENCY",
 }
 
 
@@ -165,7 +168,7 @@ def _check(key: str, value: Any) -> None:
             )
         return
     if key in _AT_LEAST_ONE:
-        most = MAX_CONCURRENCY if key == "CONCURRENCY" else MAX_COUNT
+        most = MAX_CONCURRENCY if key in ("CONCURRENCY", "ASYNC_CONCURRENCY") else MAX_COUNT
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
             raise ImproperlyConfigured(
                 f"{where} is {value!r}; it must be an integer >= 1 and <= {most}."

@@ -8,6 +8,7 @@ transaction, a transactional handler's progress becomes visible when it commits.
 from __future__ import annotations
 
 import os
+import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -30,16 +31,19 @@ class Unit:
 
 
 current: ContextVar[Unit | None] = ContextVar("dbworker_progress_unit", default=None)
-_side: dict[int, BaseDatabaseWrapper] = {}
+#: The progress connection of each thread (a Django connection serves only the thread
+#: that made it: async units write progress from other threads, ``supervisor/aio.py``).
+_side: dict[tuple[int, int], BaseDatabaseWrapper] = {}
 
 
 def _side_connection(using: str) -> BaseDatabaseWrapper:
-    pid = os.getpid()
-    connection = _side.get(pid)
+    key = (os.getpid(), threading.get_ident())
+    connection = _side.get(key)
     if connection is None:
         connection = connections.create_connection(using)
-        _side.clear()
-        _side[pid] = connection
+        if any(pid != key[0] for pid, _ in list(_side)):
+            _side.clear()  # inherited across a fork: not ours
+        _side[key] = connection
     return connection
 
 
@@ -96,6 +100,6 @@ def set_progress(percent: float, message: str | None = None) -> bool:
 
 def close() -> None:
     """Close this process's progress connection (tests, and children before they exit)."""
-    connection = _side.pop(os.getpid(), None)
+    connection = _side.pop((os.getpid(), threading.get_ident()), None)
     if connection is not None:
         connection.close()

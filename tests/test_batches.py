@@ -209,6 +209,9 @@ def test_a_cancel_stops_the_task_asked_for_not_the_one_its_child_ran_next():
         def running(self):
             return next(self.seen, (second, time.monotonic()))
 
+        def running_all(self):
+            return [self.running()]
+
         def waiting(self):
             return []
 

@@ -23,6 +23,7 @@ from ..exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from ..logs import log_event
 from ..outcomes import Finished, Result, RunOutcome, Snooze, Unfinished
 from ..registry import Worker, workers
+from ..supervisor import aio
 from ..tasks import retry
 from . import keys, pending, released, store
 from .store import Claim, FailureInfo
@@ -117,6 +118,7 @@ def _call(worker: Worker, c: Claim, source: Any) -> Finished | Unfinished:
     context = _context(worker, c)
     try:
         outcome = worker(source, context) if worker.takes_context else worker(source)
+        outcome = aio.resolve(outcome)  # an async def handler's coroutine
     except TransactionManagementError as exc:
         raise HandlerTransactionError(
             f"worker {worker.name!r} tried to manage the transaction itself ({exc}). "

@@ -4,15 +4,18 @@ A child runs the units it holds one after another, so a worker whose units are i
 ``concurrency`` children never has more than that many running at once, however many more
 wait behind them (claimed ahead, sent in batches). A unit of a worker at its cap waits in
 the supervisor for a child that holds some of that worker's units already, or until one
-that held some has reported them all; tasks have no cap of their own.
+that held some has reported them all; tasks have no cap of their own. The units of an
+``async def`` handler with ``transactional=False`` run beside each other in a child
+(``aio``): each of the ``concurrency`` children runs up to ``ASYNC_CONCURRENCY`` of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from .. import conf
 from ..registry import Worker
-from . import units
+from . import aio, units
 from .pool import Child
 from .units import Unit
 
@@ -28,6 +31,8 @@ class Caps:
         (waiting here or sent): as many as the children it may use hold at most (two
         batches of ``depth`` each), or its cap while a child gets one unit at a time."""
         per_child = 1 if depth <= 1 else 2 * depth
+        if aio.beside_others(worker):  # up to ASYNC_CONCURRENCY at once in a child
+            per_child = max(per_child, 2 * conf.get().ASYNC_CONCURRENCY)
         return worker.concurrency * per_child - held
 
     def admit(self, child: Child, children: Sequence[Child]) -> Callable[[Unit], bool] | None:

@@ -8,8 +8,9 @@ import os
 import resource
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -21,7 +22,7 @@ from ..logs import log_event
 from ..outcomes import RunOutcome
 from ..rows.store import safe_message
 from ..tasks.completions import Completions, Kept
-from . import units
+from . import aio, units
 from .handoff import Handoff
 
 PR_SET_PDEATHSIG = 1
@@ -127,7 +128,11 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
 
     A batch is reported when it is through: the supervisor tops up a child from its
     reports, so the next batch is usually in the pipe already. Successful tasks of a batch
-    are recorded together before it is reported (``completions``)."""
+    are recorded together before it is reported (``completions``).
+
+    Async units (``aio.concurrent``) start in their turn too, but run beside each other on
+    the child's event loop, up to ``handoff.slots`` at once, each reported as it is
+    through; a unit of any other kind waits until none runs, and runs alone."""
     signal.set_wakeup_fd(-1)
     # The supervisor decides when we stop; a terminal's Ctrl-C or a group SIGTERM does not.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -137,7 +142,11 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
     completions = Completions(using)
     memory_mb = conf.get().CHILD_MAX_MEMORY_MB
     report: list[tuple[Any, ...]] = []
+    waiting: deque[tuple[int, units.Unit]] = deque()
+    beside = aio.AsyncUnits(handoff.slots, lambda: own_process(using, runs_units=True),
+                            lambda seq, claim, lines: run_one(seq, claim, using, lines))
     done = 0
+    retiring = stopping = False
 
     def keep(seq: int) -> Callable[[Kept], None]:
         def add(kept: Kept) -> None:
@@ -158,33 +167,84 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                 report.append((kept.tag, "result", kept.claim.result(
                     RunOutcome.SUCCESSFUL if outcome else RunOutcome.LEASE_LOST, 0.0)))
 
+    def ran_one() -> bool:
+        """Count a unit through; True when the child retires now."""
+        nonlocal done
+        done += 1
+        return bool(max_tasks and done >= max_tasks) or _over_memory(memory_mb)
+
+    def start_next() -> bool:
+        """Start the next waiting unit if it may start now; False if it must wait."""
+        nonlocal retiring
+        seq, claim = waiting[0]
+        if beside.slots > 1 and aio.concurrent(claim):
+            if not beside.free():
+                return False
+            waiting.popleft()
+            if handoff.start(seq):
+                beside.start(seq, claim)
+            return True
+        if beside.running:
+            return False  # it runs alone, after the async units
+        waiting.popleft()
+        if not handoff.start(seq):
+            return True  # taken back: it runs elsewhere, or later
+        if completions.due():
+            flush()
+        completions.started()
+        run_one(seq, claim, using, report, keep(seq))
+        completions.finished()
+        handoff.finish(seq)
+        retiring = ran_one() or retiring
+        return True
+
     try:
         while True:
+            while waiting and not (retiring or stopping) and start_next():
+                pass
+            for seq, lines in beside.finished():
+                report.extend(lines)
+                handoff.finish(seq)
+                retiring = ran_one() or retiring
+            if (retiring or stopping) and not beside.running:
+                flush()
+                if retiring:
+                    # One message: the supervisor must learn we retire before it sees us
+                    # idle.
+                    pipe.send(("report", report, True))
+                elif report:
+                    pipe.send(("report", report, False))
+                return
+            if waiting and not (retiring or stopping) and not _blocked(waiting[0], beside):
+                continue
+            flush()
+            if report:
+                pipe.send(("report", report, False))
+                report = []
+            handles: list[Any] = [beside.fileno()] if beside.running else []
+            if not (retiring or stopping):
+                handles.append(pipe)
+            if pipe not in (wait(handles) if handles else []):
+                continue
             try:
                 batch = pipe.recv()
             except (EOFError, OSError):
                 return
             if batch is None:
-                return
-            for seq, claim in batch:
-                if not handoff.start(seq):
-                    continue  # taken back: it runs elsewhere, or later
-                if completions.due():
-                    flush()
-                completions.started()
-                run_one(seq, claim, using, report, keep(seq))
-                completions.finished()
-                handoff.finish(seq)
-                done += 1
-                if (max_tasks and done >= max_tasks) or _over_memory(memory_mb):
-                    flush()
-                    # One message: the supervisor must learn we retire before it sees us idle.
-                    pipe.send(("report", report, True))
-                    return
-            flush()
-            if report:
-                pipe.send(("report", report, False))
-                report = []
+                stopping = True  # after the async units that run
+                continue
+            if isinstance(batch, tuple):  # ("cancel", seq): an async task's cancel
+                beside.cancel(batch[1])
+                continue
+            waiting.extend(batch)
     finally:
         completions.close()
+        beside.close()
         connections.close_all()
+
+
+def _blocked(claim: tuple[int, units.Unit], beside: aio.AsyncUnits) -> bool:
+    """Whether the next waiting unit must wait for a running async unit to finish."""
+    if beside.slots > 1 and aio.concurrent(claim[1]):
+        return not beside.free()
+    return bool(beside.running)

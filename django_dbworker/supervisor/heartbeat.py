@@ -44,8 +44,7 @@ class Heartbeat:
         a copy of the main loop's list (this runs in the renewer thread)."""
         now = timezone.now()
         values = {"last_heartbeat": now, "heartbeat_expires_at": now + self.lease,
-                  "running": [described for ch in children
-                              if (described := running(ch)) is not None],
+                  "running": [described for ch in children for described in running_all(ch)],
                   "units_done": done}
         if self._created and self._rows().filter(pk=self.claimant.supervisor_id).update(
                 **values):
@@ -63,17 +62,17 @@ class Heartbeat:
                 stopped_at=timezone.now(), exit_code=exit_code, running=[], units_done=done)
 
 
-def running(child: Any) -> dict[str, Any] | None:
-    """A busy child's unit as JSON: the log fields of the unit, the child and since when;
-    None for a child between units.
+def running_all(child: Any) -> list[dict[str, Any]]:
+    """The units a child runs now as JSON (one, or several async units: ``aio``): the
+    log fields of each unit, the child and since when; none for a child between units.
 
     Safe from the renewer thread while the main loop changes the child: it reads the
-    numbers the child shares (under their lock) and looks one unit up in ``sent`` (one
-    dict lookup; nothing the main loop changes is iterated), and a claim is frozen."""
-    unit = child.running()
-    if unit is None:
-        return None
-    c, started = unit
+    numbers the child shares (under their lock) and looks each unit up in ``sent`` (dict
+    lookups; nothing the main loop changes is iterated), and a claim is frozen."""
+    return [_described(child, c, started) for c, started in child.running_all()]
+
+
+def _described(child: Any, c: Any, started: float) -> dict[str, Any]:
     since = time.time() - (time.monotonic() - started)
     described = {k: (v if isinstance(v, int | str) else str(v))
                  for k, v in units.describe(c).items()}

@@ -18,6 +18,7 @@ from multiprocessing.process import BaseProcess
 
 from django.db import connections
 
+from .. import conf
 from . import child
 from .handoff import Handoff
 from .units import Unit
@@ -60,6 +61,8 @@ class Child:
     next_seq: int = 0
     retiring: bool = False
     stopping: bool = False
+    #: Async units (``aio``) asked to cancel on the child's loop: when, by number.
+    cancelling: dict[int, float] = field(default_factory=dict)
 
     @property
     def pid(self) -> int | None:
@@ -81,6 +84,25 @@ class Child:
         c = self.sent.get(seq)
         return None if c is None else (c, since)
 
+    def running_all(self) -> list[tuple[Unit, float]]:
+        """Every unit it runs now and since when, first started first: one at most, or
+        several async units at once (``aio``)."""
+        return [(c, since) for seq, since in self.handoff.running_all()
+                if (c := self.sent.get(seq)) is not None]
+
+    def cancel(self, c: Unit) -> float | None:
+        """Ask it to cancel the async unit ``c`` on its loop (once); returns the seconds
+        since it was first asked, None if ``c`` is not one of its units."""
+        seq = next((n for n, u in self.sent.items() if u is c), None)
+        if seq is None:
+            return None
+        asked = self.cancelling.get(seq)
+        if asked is None:
+            asked = self.cancelling[seq] = time.monotonic()
+            with contextlib.suppress(OSError):
+                self.pipe.send(("cancel", seq))
+        return time.monotonic() - asked
+
     def waiting(self) -> list[Unit]:
         """Units sent that it has not started."""
         started = self.handoff.started()
@@ -96,6 +118,7 @@ class Child:
 
     def reported(self, seq: int) -> Unit | None:
         """Unit ``seq`` was reported back: forget it; returns it (None: already forgotten)."""
+        self.cancelling.pop(seq, None)
         return self.sent.pop(seq, None)
 
     def forget(self, c: Unit) -> None:
@@ -103,18 +126,19 @@ class Child:
             if unit is c:
                 del self.sent[number]
 
-    def settle(self) -> tuple[Unit | None, list[Unit], list[Unit]]:
-        """After it exited: the unit it died running, those it ran without reporting
-        back, and those it never started. Everything is forgotten."""
+    def settle(self) -> tuple[list[Unit], list[Unit], list[Unit]]:
+        """After it exited: the units it died running (one at most, but for async units:
+        ``aio``), those it ran without reporting back, and those it never started.
+        Everything is forgotten."""
         started = self.handoff.started()
-        running = self.handoff.running()
-        died_in = None
+        running = {seq for seq, _ in self.handoff.running_all()}
+        died_in: list[Unit] = []
         ran, never = [], []
         for number, c in self.sent.items():
             if number > started:
                 never.append(c)
-            elif running is not None and number == running[0]:
-                died_in = c
+            elif number in running:
+                died_in.append(c)
             else:
                 ran.append(c)
         self.sent.clear()
@@ -287,7 +311,7 @@ def start(slot: int, using: str, max_tasks: int | None) -> Child:
         gc.freeze()
         _frozen = True
     ours, theirs = _fork.Pipe()
-    handoff = Handoff(_fork)
+    handoff = Handoff(_fork, slots=conf.get().ASYNC_CONCURRENCY)
     process = _fork.Process(
         target=_child_main,
         args=(theirs, using, max_tasks, os.getpid(), handoff),

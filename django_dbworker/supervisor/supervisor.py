@@ -24,7 +24,7 @@ from ..registry import Worker
 from ..rows import store, triggers
 from ..rows.store import Claimant, FailureInfo
 from ..rows.sweep import Sweeper
-from . import pool, units
+from . import aio, pool, units
 from .caps import Caps
 from .duties.base import Duties
 from .duties.discovery import Discovery
@@ -209,7 +209,7 @@ class Supervisor:
                 self.discovery.start(time.monotonic())  # rows may have become eligible since
                 last_round = True  # its steps and one more claim, at once, not after a poll
             self.progress.show()
-            room = any(self._room(ch) for ch in self.children)
+            room = any(self._room(ch) or aio.room_beside(ch) for ch in self.children)
             timeout = 0.0 if (claimed and room) or last_round else self._idle_timeout()
             if self._claims_deferred:
                 timeout = min(timeout, TRANSIENT_CLAIM_RETRY)
@@ -245,7 +245,13 @@ class Supervisor:
                 if batch:
                     self._dispatch(ch, batch)
                     room = self._room(ch)
-            left += room
+            beside = aio.room_beside(ch)
+            if beside and len(self.prefetch):
+                batch = self.prefetch.take(beside, aio.admit(self.caps.admit(ch, self.children)))
+                if batch:
+                    self._dispatch(ch, batch)
+                    beside = aio.room_beside(ch)
+            left += max(room, beside)
         return left
 
     def _unstick(self, now: float) -> None:
@@ -536,9 +542,9 @@ class Supervisor:
     def _child_exited(self, ch: Child) -> None:
         self.children.remove(ch)
         ch.pipe.close()
-        c, ran, never = ch.settle()
+        died, ran, never = ch.settle()
         self._after_child(ran, never)
-        if c is not None:
+        for c in died:  # several: async units that ran together (aio)
             how = describe_exit(ch.process.exitcode)
             crashed = FailureInfo(
                 CHILD_DIED,
@@ -550,7 +556,7 @@ class Supervisor:
                 units.release(c, crashed=crashed, max_crashes=self.config.MAX_CRASHES)
             except DatabaseError:
                 self.retry_release.append((c, crashed))
-        elif not ch.retiring and not ch.stopping:
+        if not died and not ch.retiring and not ch.stopping:
             log_event(logging.WARNING, "child_exited", child=ch.pid,
                       reason=describe_exit(ch.process.exitcode))
         if self.stop_requested_at is None:
@@ -572,12 +578,18 @@ class Supervisor:
         cancelled; the caller records it); replace it later. The units waiting behind ``c``
         go to another child. False if it no longer runs ``c``: nothing is killed."""
         self.prefetch.put(ch.take_back(), time.monotonic())  # now it starts nothing more
-        running = ch.running()
-        if running is None or running[0] is not c:
+        running = [u for u, _ in ch.running_all()]
+        if not any(u is c for u in running):
             return False
-        ch.forget(c)
+        for u in running:
+            ch.forget(u)
         ch.retiring = True
         ch.kill()
+        for u in running:  # async units beside it (aio): cut off, not their fault
+            if u is not c:
+                log_event(logging.WARNING, "cut_off", **units.describe(u),
+                          reason="stopped with the unit beside it")
+                self.retry_release.append((u, None))
         return True
 
     def _cut_off(self, why: str) -> int:
@@ -585,11 +597,10 @@ class Supervisor:
             ch.kill()
         cut = []
         for ch in self.children:
-            c, ran, never = ch.settle()
+            died, ran, never = ch.settle()
             self.prefetch.put(never, time.monotonic())
             self.retry_release.extend((unit, None) for unit in ran)
-            if c is not None:
-                cut.append(c)
+            cut.extend(died)
         self._give_back_now(self.prefetch.drain())
         with contextlib.suppress(DatabaseError):
             self.retries.release_all()
@@ -633,7 +644,7 @@ class Supervisor:
             self.stop_requested_at = time.monotonic()
             log_event(logging.WARNING, "stopping", signal=name,
                       grace_period=self.options.grace_period,
-                      running=sum(ch.running() is not None for ch in self.children))
+                      running=sum(len(ch.running_all()) for ch in self.children))
         else:
             self.hard_stop = True
             log_event(logging.WARNING, "stopping_now", signal=name)

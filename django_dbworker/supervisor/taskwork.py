@@ -21,6 +21,7 @@ from ..tasks import store as taskstore
 from ..tasks.store import TaskClaim
 from ..tasks.stored_schedules import StoredSource
 from ..tasks.unit import is_task
+from . import aio
 from .duties.base import Duty, Every
 from .duties.tasks import Cron, Retention, TaskStops
 from .pool import Child
@@ -96,18 +97,18 @@ class TaskWork:
         now = time.monotonic()
         running: dict[uuid.UUID, Child] = {}
         for ch in children:
-            unit = ch.running()
-            if unit is None:
-                continue
-            c, since = unit
-            if not is_task(c):
-                continue
-            limit = self.timeouts.get(c.task_path)
-            if limit and now - since > limit:
-                self._stop(ch, c, stop, TaskStatus.FAILED, FailureInfo(
-                    TIMEOUT, f"the task ran longer than its timeout of {limit:g}s and its "
-                    "process was stopped"))
-            else:
+            for c, since in ch.running_all():
+                if not is_task(c):
+                    continue
+                limit = self.timeouts.get(c.task_path)
+                # An async task is cancelled in its child at its timeout (aio); its child
+                # is stopped only if that did not end it (its coroutine blocks the loop).
+                grace = aio.STOP_GRACE if limit and aio.concurrent(c) else 0.0
+                if limit and now - since > limit + grace:
+                    self._stop(ch, c, stop, TaskStatus.FAILED, FailureInfo(
+                        TIMEOUT, f"the task ran longer than its timeout of {limit:g}s and its "
+                        "process was stopped"))
+                    break  # its child is gone, with what ran beside it
                 running[c.task_id] = ch
         if self.cancels.due(now):
             self.cancels.ran(now)
@@ -123,11 +124,17 @@ class TaskWork:
                         self._cancel_waiting(c)
             for task_id in cancelled:
                 holder = running.get(task_id)
-                unit = holder.running() if holder is not None else None
-                if holder is None or unit is None or not is_task(unit[0]) \
-                        or unit[0].task_id != task_id:
+                now_running = holder.running_all() if holder is not None else []
+                found = [c for c, _ in now_running if is_task(c) and c.task_id == task_id]
+                if holder is None or not found:
                     continue  # it finished meanwhile (its child may run the next one)
-                self._stop(holder, unit[0], stop, TaskStatus.CANCELLED, FailureInfo(
+                if aio.concurrent(found[0]):
+                    # Cancelled on its child's loop, where it records itself CANCELLED;
+                    # the child is stopped only if that did not end it (a blocked loop).
+                    asked = holder.cancel(found[0])
+                    if asked is None or asked <= aio.STOP_GRACE:
+                        continue
+                self._stop(holder, found[0], stop, TaskStatus.CANCELLED, FailureInfo(
                     CANCELLED, "the task was cancelled while it ran and its process was "
                     "stopped"))
 

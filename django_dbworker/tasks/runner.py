@@ -30,6 +30,7 @@ from ..logs import log_event
 from ..models import TaskStatus
 from ..outcomes import Result, RunOutcome, Snooze
 from ..rows.store import FailureInfo, class_path, format_traceback, recording, safe_message
+from ..supervisor import aio
 from . import registry as task_registry
 from . import retry, snooze
 from . import store as taskstore
@@ -159,6 +160,10 @@ def _unrunnable(c: TaskClaim, info: FailureInfo, started: float) -> Result:
 
 
 def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    if aio.bound():  # an async unit: its coroutine runs on the child's loop (supervisor/aio)
+        if task.takes_context:
+            return aio.resolve(task.func(TaskContext(task_result=result), *args, **kwargs))
+        return aio.resolve(task.func(*args, **kwargs))
     if task.takes_context:
         return task.call(TaskContext(task_result=result), *args, **kwargs)
     return task.call(*args, **kwargs)
@@ -208,6 +213,12 @@ def _nul_in(value: Any, path: str) -> str | None:
 
 def _failed(task: Any, c: TaskClaim, exc: BaseException, started: float) -> Result:
     _reset_connection()
+    if aio.is_cancel(exc):  # cancelled on its child's loop (supervisor/aio.py)
+        info = FailureInfo.caught(exc)
+        with recording("its cancel"):
+            stopped = record_stopped(c.task_path, c, info, status=TaskStatus.CANCELLED)
+        return _result(c, FAILED if stopped else LOST, started, info.message,
+                       level=logging.WARNING)
     info = FailureInfo.caught(exc)
     retry_at = None
     if isinstance(task, DBWorkerTask) and retry.should_retry(task, c.attempt, exc):

@@ -445,3 +445,7 @@ def join_effect(n):
 
     Effect.objects.create(item_id=n, worker="join", pid=os.getpid())
     return dependency_results()
+
+
+if os.environ.get("DBWORKER_TEST_ASYNC"):  # test_async_units: async tasks and row workers
+    from . import async_units  # noqa: F401

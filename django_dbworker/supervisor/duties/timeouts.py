@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ...logs import log_event
 from ...rows.store import FailureInfo
+from .. import aio
 from .base import Periodic
 
 if TYPE_CHECKING:
@@ -41,17 +42,20 @@ class RowTimeouts(Periodic):
     def work(self, now: float) -> None:
         clock = time.monotonic()
         for ch in self.children():
-            unit = ch.running()
-            if unit is None:
-                continue
-            c, since = unit
-            limit = self.limits.get(getattr(c, "worker", ""))
-            if c.kind.name != "execution" or not limit or clock - since <= limit:
-                continue
-            if not self.stop(ch, c):
-                continue  # it finished meanwhile
-            info = FailureInfo(TIMEOUT, f"the handler ran longer than its timeout of "
-                               f"{limit:g}s and its process was stopped")
-            retried = c.time_out(info)  # type: ignore[attr-defined]  # an execution's unit
-            log_event(logging.WARNING, "timed_out", **c.describe(), child=ch.pid,
-                      retry=retried)
+            for c, since in ch.running_all():
+                limit = self.limits.get(getattr(c, "worker", ""))
+                if c.kind.name != "execution" or not limit:
+                    continue
+                # An async unit is cancelled in its child at its timeout; its child is
+                # stopped only if that did not end it (its coroutine blocks the loop).
+                grace = aio.STOP_GRACE if aio.concurrent(c) else 0.0
+                if clock - since <= limit + grace:
+                    continue
+                if not self.stop(ch, c):
+                    continue  # it finished meanwhile
+                info = FailureInfo(TIMEOUT, f"the handler ran longer than its timeout of "
+                                   f"{limit:g}s and its process was stopped")
+                retried = c.time_out(info)  # type: ignore[attr-defined]  # an execution's
+                log_event(logging.WARNING, "timed_out", **c.describe(), child=ch.pid,
+                          retry=retried)
+                break  # its child is gone
