@@ -21,7 +21,7 @@ from ..logs import log_event
 from ..outcomes import RunOutcome
 from ..rows.store import safe_message
 from ..tasks.completions import Completions, Kept
-from . import units
+from . import trace, units
 from .handoff import Handoff
 
 PR_SET_PDEATHSIG = 1
@@ -134,6 +134,8 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(parent_pid)
     own_process(using, runs_units=True)
+    if trace.ON:
+        trace.statements(using)
     completions = Completions(using)
     memory_mb = conf.get().CHILD_MAX_MEMORY_MB
     report: list[tuple[Any, ...]] = []
@@ -164,6 +166,8 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                 batch = pipe.recv()
             except (EOFError, OSError):
                 return
+            if trace.ON:
+                trace.mark("received", len(batch) if batch else batch)
             if batch is None:
                 return
             for seq, claim in batch:
@@ -172,6 +176,8 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                 if completions.due():
                     flush()
                 completions.started()
+                if trace.ON:
+                    trace.mark("run", seq)
                 run_one(seq, claim, using, report, keep(seq))
                 completions.finished()
                 handoff.finish(seq)

@@ -24,7 +24,7 @@ from ..registry import Worker
 from ..rows import store, triggers
 from ..rows.store import Claimant, FailureInfo
 from ..rows.sweep import Sweeper
-from . import pool, units
+from . import pool, trace, units
 from .caps import Caps
 from .duties.base import Duties
 from .duties.discovery import Discovery
@@ -148,6 +148,8 @@ class Supervisor:
 
     def run(self) -> int:
         own_process(self.using)
+        if trace.ON:
+            trace.statements(self.using)
         behind_transaction_pooler(self.using)  # before the children fork: they inherit it
         self._install_signals()
         pool.adopt_orphans()  # what tasks start and leave behind is ours to stop (Linux)
@@ -294,6 +296,8 @@ class Supervisor:
         claimed = 0
         for source in sources:
             claims = self._claim(source, want - claimed, held)
+            if trace.ON:
+                trace.mark("claimed", f"{len(claims)} of {getattr(source, 'name', 'tasks')}")
             claimed += len(claims)  # work was found, even if it goes back below
             self.prefetch.put(claims, now)
             self._feed()
@@ -332,6 +336,8 @@ class Supervisor:
                 log_event(logging.DEBUG, "claimed", **units.describe(c), child=child.pid)
         try:
             child.dispatch(batch)
+            if trace.ON:
+                trace.mark("sent", f"{len(batch)} to {child.pid}")
         except OSError:  # the child is gone; its exit is handled by its sentinel
             self._give_back(batch)
 
@@ -454,6 +460,8 @@ class Supervisor:
         ready = self._wait_for(handles, timeout)
         if listening is not None and listening in ready:
             self._announced |= self.listener.drain()  # the next loop claims these first
+            if trace.ON:
+                trace.mark("woke", ",".join(sorted(self._announced)))
         if self._wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 self._wake_r.recv(4096)
