@@ -9,6 +9,8 @@ databases that cannot notify, and poolers that cannot LISTEN.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connections
 
 from .. import conf
@@ -19,6 +21,14 @@ CHANNEL = "dbworker"
 
 def enabled(using: str) -> bool:
     return engine_for(connections[using]).notifies and conf.get().NOTIFY
+
+
+def statement(using: str, what: str) -> tuple[str, list[Any]] | None:
+    """``announce`` as a statement to run with others (``Engine.one_query``); None where
+    nothing is announced."""
+    if not enabled(using):
+        return None
+    return engine_for(connections[using]).notify_statement(CHANNEL, what)
 
 
 def announce(using: str, what: str) -> None:
