@@ -90,6 +90,10 @@ class Supervisor:
         self._broken: dict[str, float] = {}
         #: A claim of this round failed with a transient error: claimed again soon.
         self._claims_deferred = False
+        #: Every source of the last round gave fewer units than asked: claiming again at
+        #: once would find nothing new (new work wakes us: NOTIFY, commits, a probe, a
+        #: poll), so the loop waits instead of claiming again beside the units it started.
+        self._short = False
         self._wake_r, self._wake_w = socket.socketpair()
         self.listener = Listener(self.using)
         self.commits = Commits(self.using)
@@ -211,11 +215,20 @@ class Supervisor:
                 self.discovery.start(time.monotonic())  # rows may have become eligible since
                 last_round = True  # its steps and one more claim, at once, not after a poll
             self.progress.show()
-            room = any(self._room(ch) for ch in self.children)
-            timeout = 0.0 if (claimed and room) or last_round else self._idle_timeout()
-            if self._claims_deferred:
-                timeout = min(timeout, TRANSIENT_CLAIM_RETRY)
-            self._wait(timeout)
+            self._wait(self._round_timeout(claimed, last_round))
+
+    def _round_timeout(self, claimed: int | None, last_round: bool) -> float:
+        """Seconds to wait for an event before the next round: none while claims bring
+        work and a child has room, unless every source gave fewer units than asked
+        (``_short``): a round at once would claim nothing new beside the units just
+        started, and new work wakes the loop (NOTIFY, another connection's commit, the
+        probe, a child's report, the poll)."""
+        room = any(self._room(ch) for ch in self.children)
+        again = bool(claimed) and room and not self._short
+        timeout = 0.0 if again or last_round else self._idle_timeout()
+        if self._claims_deferred:
+            timeout = min(timeout, TRANSIENT_CLAIM_RETRY)
+        return timeout
 
     # ----- claims and dispatch ------------------------------------------------------
 
@@ -270,6 +283,7 @@ class Supervisor:
         """
         now = time.monotonic()
         self._claims_deferred = False
+        self._short = False
         self._check_pauses(now)
         self._unstick(now)
         room = self._feed()
@@ -303,6 +317,8 @@ class Supervisor:
             self._feed()
             if claimed >= want:
                 break
+        else:
+            self._short = not self._claims_deferred
         if claimed:
             self._last_claim = time.monotonic()
         elif self._claims_deferred:
