@@ -216,8 +216,8 @@ def summary(found: dict[str, Any]) -> str:
             c, f = latency_figures(r, kind)
             target = ("p50 <= Celery + Redis's, p99 <= 3x p50 (caller); p50 <= 3 ms, "
                       "p99 <= 20 ms (commit)" if r["db"] == "postgres" else "p50 <= 50 ms")
-            rows.append([r["db"], f"idle latency, {kind} ({wake}): from the caller "
-                         "(before enqueue()/create()); from the commit",
+            what = ": from the caller (before enqueue()/create()); from the commit" if c else ""
+            rows.append([r["db"], f"idle latency, {kind} ({wake}){what}",
                          (f"p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms; " if c else "")
                          + f"p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms", "",
                          vs_peers(c["p50_ms"], peers, PEER_COMPARISON[r["db"]], "latency")
@@ -397,10 +397,10 @@ def peer_rows(peers: dict[str, Any], throughput: dict[str, Any]) -> list[list[An
                      f"{d['per_s']:,}/s (net {d['net_per_s'] or 0:,}/s)", compared, "", ""])
         if lat:
             c, f = lat.get("caller"), lat.get("from_commit", lat)
-            rows.append([db, f"peer: {peer['label']}, idle latency: from the caller; from "
-                         "the commit", (f"p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms; " if c
-                                        else "") + f"p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms",
-                         "", "", ""])
+            what = ": from the caller; from the commit" if c else ""
+            rows.append([db, f"peer: {peer['label']}, idle latency{what}",
+                         (f"p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms; " if c else "")
+                         + f"p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms", "", "", ""])
     return rows
 
 
