@@ -11,11 +11,13 @@ installed from PyPI; made again only when missing or when the pins or the Python
 starts the peer's own workers (two processes, or one with concurrency 2), times the drain
 (``per_s``; ``net_per_s`` without the workers' start-up), ``--runs`` times (median; with
 ``--budget``, no more once another drain would take its drains past that many seconds),
-and, with the workers idle after the first drain, ``--samples`` times the latency from an
-enqueue's commit to its handler's start. PostgreSQL peers get a database
-``dbworker_bench_<pid>_<peer>``, dropped at the end; Celery gets a Redis database number of
-its own (``--redis-db``), emptied with FLUSHDB; Huey a SQLite file in a temporary folder. A
-peer that cannot be installed or run is recorded with the reason; the others still run.
+and, with the workers idle after the first drain, ``--samples`` times the latency to a
+job's handler start from just before its enqueue call (``caller``: what its caller waits,
+as ``bench/latency.py`` times ours) and from the enqueue's commit (``from_commit``).
+PostgreSQL peers get a database ``dbworker_bench_<pid>_<peer>``, dropped at the end; Celery
+gets a Redis database number of its own (``--redis-db``), emptied with FLUSHDB; Huey a
+SQLite file in a temporary folder. A peer that cannot be installed or run is recorded with
+the reason; the others still run.
 
 Writes bench/results/peers.json and prints a Markdown table.
 """
@@ -89,9 +91,11 @@ def main() -> None:
                    "cpu_ms_per_job": "CPU of the worker processes and their children, "
                                      "launch to drained, per job (start-up included; not "
                                      "the database's or Redis's)",
-                   "latency": "handler start - enqueue returned (committed), workers idle, "
-                              "a random 20-100 ms (+ a random part of the peer's idle "
-                              "polling period) after the previous job"},
+                   "latency": "caller: handler start - just before the enqueue call; "
+                              "from_commit: handler start - enqueue returned (committed; "
+                              "Celery: published); workers idle, a random 20-100 ms (+ a "
+                              "random part of the peer's idle polling period) after the "
+                              "previous job"},
         "results": results,
         "table": report(results),
     })
@@ -261,12 +265,13 @@ def report(results: list[dict[str, Any]]) -> str:
                      None)
     headers = ["peer", "versions", "workers", "runs: wall s", "jobs/s (median)",
                "net jobs/s", f"vs {reference['label'] if reference else REFERENCE}",
-               "CPU ms/job (workers)", "idle latency p50 / p99 ms"]
+               "CPU ms/job (workers)", "idle latency from the caller p50 / p99 ms",
+               "from the commit p50 / p99 ms"]
     rows = []
     for r in results:
         if r["status"] != "ok":
             rows.append([r["label"], " ".join(r["requirements"]), "", "", "failed", "", "",
-                         "", r["error"][:200].replace("|", "/")])
+                         "", r["error"][:200].replace("|", "/"), ""])
             continue
         d, lat = r["drain"], r["latency"]
         versions = ", ".join(f"{k} {v}" for k, v in r["versions"].items())
@@ -274,8 +279,18 @@ def report(results: list[dict[str, Any]]) -> str:
         rows.append([r["label"], versions, "<br>".join(r["commands"]),
                      ", ".join(f"{w:.2f}" for w in d["wall_s"]), f"{d['per_s']:,}",
                      f"{d['net_per_s']:,}" if d["net_per_s"] else "", ratio,
-                     d["cpu_ms_per_job"], f"{lat['p50_ms']} / {lat['p99_ms']}" if lat else ""])
+                     d["cpu_ms_per_job"], *latency_cells(lat)])
     return benchlib.markdown_table(headers, rows)
+
+
+def latency_cells(lat: dict[str, Any] | None) -> list[str]:
+    """p50 / p99 from the caller's side and from the commit (results before issue 24 have
+    only the latter, at the top level)."""
+    if not lat:
+        return ["", ""]
+    caller, commit = lat.get("caller"), lat.get("from_commit", lat)
+    return [f"{caller['p50_ms']} / {caller['p99_ms']}" if caller else "",
+            f"{commit['p50_ms']} / {commit['p99_ms']}"]
 
 
 if __name__ == "__main__":

@@ -329,6 +329,12 @@ class DBWorkerBackend(BaseTaskBackend):
         if getattr(task, "concurrency_limit", None) is not None:
             return self._enqueue_keyed(cast(DBWorkerTask, task), shared, ids, calls,
                                        key, on_commit)
+        if key is None and not on_commit and len(calls) <= newtasks.BATCH:
+            rows = _rows(task, shared, ids, calls, 0)
+            taskstore.insert_one_batch(rows, _encode(task, rows, 0))  # one round trip
+            made = new_results(rows, self.alias, task)
+            send_enqueued(type(self), made)
+            return made
         if key is None and not on_commit:
             # Batch by batch: on PostgreSQL the server stores a batch while the next is
             # built (taskstore.insert_batches), and its results are made meanwhile.

@@ -17,8 +17,9 @@ A peer module defines ``Bench(config)`` with:
 - ``workers()``: the worker command(s), each started as a process group of its own;
 - ``remaining()``: how many jobs are not done yet (a count, polled while workers start);
 - ``pending()``: whether any is left (cheap, polled while the queue drains);
-- ``stamp(path)``: enqueue one job that writes ``time.time()`` at its start into ``path``;
-  it may return the moment of the commit/publish, if it comes well before its return;
+- ``stamp(path)``: enqueue one job that writes ``time.time()`` at its start into ``path``
+  (its enqueue call first: the caller's side is timed from just before ``stamp()``); it
+  may return the moment of the commit/publish, if it comes well before its return;
 - ``check(jobs)``: after a drain, what the peer recorded (done, failed);
 - ``teardown()``: close connections;
 - ``poll_s`` (optional): how often its idle workers poll (latency samples are spread over
@@ -32,9 +33,11 @@ Per run: ``fill(jobs)``, start the workers, poll until nothing is left, stop the
 - ``cpu_ms_per_job`` = CPU time of the worker processes (and their children) from their
   launch to the end of the drain, per job: what wall time hides on a busy machine;
 - latency (last run, workers still idle): ``--samples`` times, a random 20-100 ms (plus a
-  random part of ``poll_s``) after the previous one, ``stamp(path)``; latency = the stamp
-  (handler start) - the moment the enqueue call returned (committed), or the moment
-  ``stamp()`` returns, if it knows better.
+  random part of ``poll_s``) after the previous one, ``stamp(path)``; two latencies, to the
+  stamp (handler start): ``caller``, from just before ``stamp()`` (the enqueue call: what
+  its caller waits, as ``bench/latency.py`` times ours), and ``from_commit``, from the
+  moment the enqueue call returned (committed), or the moment ``stamp()`` returns, if it
+  knows better (Celery: the publish).
 """
 
 from __future__ import annotations
@@ -239,26 +242,34 @@ def latencies(bench: Any, samples: int, processes: list[subprocess.Popen[bytes]]
     folder = logs / "stamps"
     folder.mkdir()
     one(bench, str(folder / "warm-up"), processes, logs, READY_TIMEOUT_S)
-    seconds = []
+    found: dict[str, list[float]] = {"caller": [], "from_commit": []}
     poll = getattr(bench, "poll_s", 0.0)
     for i in range(samples):
         # Idle for a while, and at a random phase of the peer's polling, if it polls: a
         # job that comes at a random moment.
         time.sleep(random.uniform(0.02, 0.1) + random.uniform(0.0, poll))
-        seconds.append(one(bench, str(folder / str(i)), processes, logs, 30.0))
+        for point, seconds in one(bench, str(folder / str(i)), processes, logs, 30.0).items():
+            found[point].append(seconds)
+    return {**{point: figures_ms(seconds) for point, seconds in found.items()},
+            "idle_poll_s": poll, "loadavg_1m": round(os.getloadavg()[0], 2)}
+
+
+def figures_ms(seconds: list[float]) -> dict[str, Any]:
     ms = sorted(s * 1000 for s in seconds)
 
     def pct(p: float) -> float:
         return round(ms[min(len(ms) - 1, round(p / 100 * (len(ms) - 1)))], 2)
 
     return {"n": len(ms), "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99),
-            "max_ms": round(ms[-1], 2), "mean_ms": round(statistics.fmean(ms), 2),
-            "idle_poll_s": poll, "loadavg_1m": round(os.getloadavg()[0], 2)}
+            "max_ms": round(ms[-1], 2), "mean_ms": round(statistics.fmean(ms), 2)}
 
 
 def one(bench: Any, path: str, processes: list[subprocess.Popen[bytes]], logs: Path,
-        timeout: float) -> float:
-    """Enqueue one stamp job; seconds from the enqueue's return to the handler's start."""
+        timeout: float) -> dict[str, float]:
+    """Enqueue one stamp job; seconds to the handler's start from just before the enqueue
+    call (``caller``) and from its commit (``from_commit``: the enqueue call's return, or
+    the moment ``stamp()`` returns, if it knows better)."""
+    before = time.time()
     committed = bench.stamp(path) or time.time()  # a peer may know the commit better
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -266,7 +277,8 @@ def one(bench: Any, path: str, processes: list[subprocess.Popen[bytes]], logs: P
             alive(processes, logs)
             raise RuntimeError(f"a stamp job did not run within {timeout:g}s")
         time.sleep(0.0005)
-    return float(Path(path).read_text()) - committed
+    started = float(Path(path).read_text())
+    return {"caller": started - before, "from_commit": started - committed}
 
 
 if __name__ == "__main__":

@@ -372,6 +372,22 @@ class Engine:
     def notify(self, connection: BaseDatabaseWrapper, channel: str, what: str) -> None:
         """Announce ``what`` on ``channel`` when the current transaction commits."""
 
+    def notify_statement(self, channel: str, what: str) -> tuple[str, list[Any]] | None:
+        """``notify`` as a statement to run with others (``one_query``); None: none."""
+        return None
+
+    def one_query(self, connection: BaseDatabaseWrapper,
+                  statements: Sequence[tuple[str, Sequence[Any]]], *,
+                  durable: bool = True) -> bool:
+        """Run ``statements`` (SQL and parameters, results unread) in one query, one round
+        trip, where the engine can: outside a transaction as one transaction of their own
+        (no BEGIN and COMMIT round trips), inside one as part of it. ``durable`` False:
+        what they write is ours and found again if lost (a pending execution: discovery),
+        so their own transaction may commit without waiting for the WAL flush
+        (``DBWORKER["ASYNC_COMMIT"]``). False: nothing was run; the caller runs them its
+        own way."""
+        return False
+
     def listen(self, connection: BaseDatabaseWrapper, channel: str) -> Any:
         """A connection of its own (``connection``'s parameters, autocommit) listening on
         ``channel``: it has ``closed``, ``fileno()`` (the socket to wait on),

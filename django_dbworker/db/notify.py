@@ -14,6 +14,7 @@ successes) tells ``result.get()`` waiters that tasks reached a final status
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import connections
 
@@ -25,6 +26,14 @@ CHANNEL = "dbworker"
 
 def enabled(using: str) -> bool:
     return engine_for(connections[using]).notifies and conf.get().NOTIFY
+
+
+def statement(using: str, what: str) -> tuple[str, list[Any]] | None:
+    """``announce`` as a statement to run with others (``Engine.one_query``); None where
+    nothing is announced."""
+    if not enabled(using):
+        return None
+    return engine_for(connections[using]).notify_statement(CHANNEL, what)
 
 
 def announce(using: str, what: str) -> None:

@@ -123,12 +123,42 @@ def add_siblings(worker: Worker, source_key: str, using: str) -> None:
         notify.announce(using, "rows")
 
 
+def add_statement(worker: Worker, pk: Any, using: str,
+                  now: datetime) -> tuple[str, list[Any]]:
+    """``add(worker, [pk], using)`` as one statement and its parameters, to run with
+    others (``Engine.one_query``)."""
+    connection = connections[using]
+    columns, values = new_execution_sql(worker)
+    quote = connection.ops.quote_name
+    head = (f"INSERT INTO {quote(Execution._meta.db_table)} "
+            f"({', '.join(quote(c) for c in columns)})")
+    given = {"{key}": keys.to_key(worker.source, pk, using),
+             "{sort_key}": keys.sort_key(worker.source, pk),
+             "{now}": keys.column_field(Execution, "created_at").get_db_prep_save(
+                 now, connection)}
+    select = ", ".join("%s" if v in given else v for v in values)
+    sql = engine_for(connection).insert_select_ignoring(head, f"SELECT {select}")
+    return sql, [given[v] for v in values if v in given]
+
+
 def on_save(sender: type[models.Model], instance: models.Model, raw: bool, using: str,
             **kwargs: Any) -> None:
+    """A saved source row becomes pending for the workers over its model, and they are
+    told (``notify``). Where the engine can (``Engine.one_query``) in one query: one round
+    trip; outside a transaction, a transaction of its own that, with ``ASYNC_COMMIT``,
+    does not wait for the WAL flush (the row itself was committed durably before: a
+    pending execution lost in a database crash is found again by discovery)."""
     if raw:
         return
     interested = workers.for_model(sender)
     if not interested or using != conf.get().DATABASE:
+        return
+    connection = connections[using]
+    now = timezone.now()
+    announce = notify.statement(using, "rows")
+    statements = [add_statement(worker, instance.pk, using, now) for worker in interested]
+    if engine_for(connection).one_query(connection, [*statements, *filter(None, [announce])],
+                                        durable=False):
         return
     for worker in interested:
         add(worker, [instance.pk], using)

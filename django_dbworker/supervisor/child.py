@@ -22,7 +22,7 @@ from ..logs import log_event
 from ..outcomes import RunOutcome
 from ..rows.store import safe_message
 from ..tasks.completions import Completions, Kept
-from . import aio, units
+from . import aio, trace, units
 from .handoff import Handoff
 
 PR_SET_PDEATHSIG = 1
@@ -139,6 +139,8 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(parent_pid)
     own_process(using, runs_units=True)
+    if trace.ON:
+        trace.statements(using)
     completions = Completions(using)
     memory_mb = conf.get().CHILD_MAX_MEMORY_MB
     report: list[tuple[Any, ...]] = []
@@ -192,6 +194,8 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
         if completions.due():
             flush()
         completions.started()
+        if trace.ON:
+            trace.mark("run", seq)
         run_one(seq, claim, using, report, keep(seq))
         completions.finished()
         handoff.finish(seq)
@@ -230,6 +234,8 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                 batch = pipe.recv()
             except (EOFError, OSError):
                 return
+            if trace.ON:
+                trace.mark("received", len(batch) if batch else batch)
             if batch is None:
                 stopping = True  # after the async units that run
                 continue

@@ -24,7 +24,7 @@ from ..registry import Worker
 from ..rows import store, triggers
 from ..rows.store import Claimant, FailureInfo
 from ..rows.sweep import Sweeper
-from . import aio, pool, units
+from . import aio, pool, trace, units
 from .caps import Caps
 from .duties.base import Duties
 from .duties.discovery import Discovery
@@ -90,6 +90,10 @@ class Supervisor:
         self._broken: dict[str, float] = {}
         #: A claim of this round failed with a transient error: claimed again soon.
         self._claims_deferred = False
+        #: Every source of the last round gave fewer units than asked: claiming again at
+        #: once would find nothing new (new work wakes us: NOTIFY, commits, a probe, a
+        #: poll), so the loop waits instead of claiming again beside the units it started.
+        self._short = False
         self._wake_r, self._wake_w = socket.socketpair()
         self.listener = Listener(self.using)
         self.commits = Commits(self.using)
@@ -148,6 +152,8 @@ class Supervisor:
 
     def run(self) -> int:
         own_process(self.using)
+        if trace.ON:
+            trace.statements(self.using)
         behind_transaction_pooler(self.using)  # before the children fork: they inherit it
         self._install_signals()
         pool.adopt_orphans()  # what tasks start and leave behind is ours to stop (Linux)
@@ -209,11 +215,20 @@ class Supervisor:
                 self.discovery.start(time.monotonic())  # rows may have become eligible since
                 last_round = True  # its steps and one more claim, at once, not after a poll
             self.progress.show()
-            room = any(self._room(ch) or aio.room_beside(ch) for ch in self.children)
-            timeout = 0.0 if (claimed and room) or last_round else self._idle_timeout()
-            if self._claims_deferred:
-                timeout = min(timeout, TRANSIENT_CLAIM_RETRY)
-            self._wait(timeout)
+            self._wait(self._round_timeout(claimed, last_round))
+
+    def _round_timeout(self, claimed: int | None, last_round: bool) -> float:
+        """Seconds to wait for an event before the next round: none while claims bring
+        work and a child has room, unless every source gave fewer units than asked
+        (``_short``): a round at once would claim nothing new beside the units just
+        started, and new work wakes the loop (NOTIFY, another connection's commit, the
+        probe, a child's report, the poll)."""
+        room = any(self._room(ch) or aio.room_beside(ch) for ch in self.children)
+        again = bool(claimed) and room and not self._short
+        timeout = 0.0 if again or last_round else self._idle_timeout()
+        if self._claims_deferred:
+            timeout = min(timeout, TRANSIENT_CLAIM_RETRY)
+        return timeout
 
     # ----- claims and dispatch ------------------------------------------------------
 
@@ -274,6 +289,7 @@ class Supervisor:
         """
         now = time.monotonic()
         self._claims_deferred = False
+        self._short = False
         self._check_pauses(now)
         self._unstick(now)
         room = self._feed()
@@ -300,11 +316,15 @@ class Supervisor:
         claimed = 0
         for source in sources:
             claims = self._claim(source, want - claimed, held)
+            if trace.ON:
+                trace.mark("claimed", f"{len(claims)} of {getattr(source, 'name', 'tasks')}")
             claimed += len(claims)  # work was found, even if it goes back below
             self.prefetch.put(claims, now)
             self._feed()
             if claimed >= want:
                 break
+        else:
+            self._short = not self._claims_deferred
         if claimed:
             self._last_claim = time.monotonic()
         elif self._claims_deferred:
@@ -338,6 +358,8 @@ class Supervisor:
                 log_event(logging.DEBUG, "claimed", **units.describe(c), child=child.pid)
         try:
             child.dispatch(batch)
+            if trace.ON:
+                trace.mark("sent", f"{len(batch)} to {child.pid}")
         except OSError:  # the child is gone; its exit is handled by its sentinel
             self._give_back(batch)
 
@@ -460,6 +482,8 @@ class Supervisor:
         ready = self._wait_for(handles, timeout)
         if listening is not None and listening in ready:
             self._announced |= self.listener.drain()  # the next loop claims these first
+            if trace.ON:
+                trace.mark("woke", ",".join(sorted(self._announced)))
         if self._wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 self._wake_r.recv(4096)

@@ -251,6 +251,20 @@ def first_poison(rows: list[NewTask], payload: str,
     return None
 
 
+def insert_statement(rows: list[NewTask], using: str,
+                     payload: str | None = None) -> tuple[str, list[Any]] | None:
+    """``insert``'s statement and parameters for rows without a concurrency limit, where
+    they go as one statement with one JSON parameter (``Engine.json_rows_insert``); else
+    None."""
+    connection = connections[using]
+    statement = _statement(connection)
+    if not statement.json_rows:
+        return None
+    params = statement.shared_params(rows[0].shared, connection)
+    params.append(encode(rows) if payload is None else payload)
+    return statement.sql, params
+
+
 def insert(rows: list[NewTask], using: str, payload: str | None = None) -> None:
     """Store ``rows`` (all of one ``Shared``, but for their concurrency keys) in one
     statement; the caller's transaction. ``payload``: ``encode(rows)`` if the caller has it

@@ -156,6 +156,23 @@ def insert_batches(batches: Iterable[tuple[list[newtasks.NewTask], str | None]])
         notify.announce(using, "task")
 
 
+def insert_one_batch(rows: list[newtasks.NewTask], payload: str | None) -> None:
+    """``insert_batches`` of one batch. Outside a transaction, where the engine can
+    (``Engine.one_query``), the INSERT and the announcement go in one query, a transaction
+    of their own (no BEGIN and COMMIT round trips): an enqueue() reaches an idle
+    supervisor that much sooner. Inside the caller's transaction as ``insert_batches``:
+    in a savepoint, so that a failed insert leaves the caller's transaction usable."""
+    using = _alias()
+    connection = connections[using]
+    announce = notify.statement(using, "task")
+    if rows and rows[0].shared.concurrency_limit is None and connection.get_autocommit():
+        insert = newtasks.insert_statement(rows, using, payload)
+        if insert is not None and engine(using).one_query(
+                connection, [insert, *([announce] if announce else [])]):
+            return
+    insert_batches([(rows, payload)])
+
+
 def key_exists(key: str) -> bool:
     return TaskRecord.objects.using(_alias()).filter(idempotency_key=key).exists()
 
