@@ -15,7 +15,9 @@ with ``enqueue_many`` as an application would, then times ``runworkers --burst
   ``TaskUniqueness`` row; the drain is what the issue bounds);
 - ``keyed``: ``benchapp.tasks.keyed_noop``, declared ``@task(concurrency_limit=2,
   concurrency_key=lambda n: f"key:{n % 50}")``: 50 keys, 2 at most running per key (with 2
-  children the limit never binds: the figure is the keyed claim's own cost);
+  children the limit binds only while the supervisor holds more than 100 tasks claimed
+  ahead, which count as running: up to ``PREFETCH`` per child in the supervisor and as
+  many in each child; the figure is mostly the keyed claim's own cost);
 - ``paused``: plain tasks, while the queue ``paused`` is paused and holds ``--backlog``
   tasks enqueued before them (so they are ahead in claim order): a paused queue should cost
   the claim nothing.

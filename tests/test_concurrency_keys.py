@@ -422,6 +422,64 @@ def test_the_keyed_claim_walks_the_claim_index_and_counts_through_the_keyed_inde
                 assert sorted_ok or "TEMP B-TREE" not in plan, plan
 
 
+@pytest_db
+def test_a_keyed_claim_round_is_four_statements_and_five_on_mysql(vendor):
+    """Candidates, slots, counts and the claim; the claim does not read again the ids the
+    transaction holds (``Claim.ids``): one UPDATE ... RETURNING, and on MySQL the UPDATE
+    and the SELECT of what it returns; the next round (compiled SQL, reused) as many."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    ct.conc_account.enqueue_many([((i % 5, i), {}) for i in range(40)])
+    tables = (TaskRecord._meta.db_table, ConcurrencySlot._meta.db_table)
+    rounds = []
+    for _ in range(2):
+        with CaptureQueriesContext(connection) as captured:
+            claimed = claim(10)
+        assert counts(claimed) == {f"account-{a}": 2 for a in range(5)}
+        rounds.append([q["sql"] for q in captured.captured_queries
+                       if any(t in q["sql"] for t in tables)])
+        taskstore.succeed_many([(c, None, timezone.now()) for c in claimed])
+    first, second = rounds
+    assert len(first) == (5 if vendor == "mysql" else 4), first
+    quote = connection.ops.quote_name
+    again = f"SELECT {quote('id')} FROM {quote(TaskRecord._meta.db_table)} WHERE"
+    assert not any(s.startswith(again) for s in first), first
+    assert len(second) == len(first), second
+
+
+@pytest_db
+def test_compiled_slot_and_count_statements_serve_any_keys_of_their_number():
+    """``_by_keys``: one compiled statement per kind and number of keys, the keys its
+    only parameters; a query with other parameters is compiled at every call."""
+    seen = []
+
+    def build(keys):
+        seen.append(keys)
+        return ConcurrencySlot.objects.filter(key__in=keys).order_by("key").values_list("key")
+
+    from django.db import connection
+
+    ConcurrencySlot.objects.bulk_create([ConcurrencySlot(key=k) for k in "abcd"])
+    using = connection.alias
+    assert concurrency._by_keys(using, "test-slots", ["a", "b"], build) == [("a",), ("b",)]
+    assert concurrency._by_keys(using, "test-slots", ["c", "d"], build) == [("c",), ("d",)]
+    assert len(seen) == 1, "compiled once for two keys"
+    assert concurrency._by_keys(using, "test-slots", ["a", "b", "x"], build) == [
+        ("a",), ("b",)]
+    assert len(seen) == 2, "and once for three"
+
+    def other(keys):
+        return ConcurrencySlot.objects.filter(key__in=keys).exclude(key="b").values_list("key")
+
+    for keys in (["a", "b"], ["c", "x"]):
+        assert concurrency._by_keys(using, "test-other", keys, other) == [
+            (k,) for k in keys if k not in ("b", "x")]
+
+
+# ----- row workers --------------------------------------------------------------------------
+
+
 # ----- row workers --------------------------------------------------------------------------
 
 

@@ -44,6 +44,11 @@ class Claim:
     #: The partial index ``candidates`` must read (an engine whose planner may stray names
     #: it), or None.
     index: str | None = None
+    #: The candidates' ids (database values, in claim order) when the caller's transaction
+    #: holds them already: an engine that reads the candidates in a statement of their own
+    #: (SQLite, MySQL) skips that statement; PostgreSQL's one statement still reads
+    #: ``candidates``. The rows then come back in no particular order.
+    ids: Sequence[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,10 +276,14 @@ class Engine:
 
         Here: the candidates' ids first, then one UPDATE of those ids, the rows sorted by
         the ids' positions; the caller's transaction holds them meanwhile (locked by ``FOR
-        UPDATE``, or by the database's only write lock)."""
-        sql, params = self.claim_statement(claim)
-        cursor.execute(sql, params)
-        ids = [row[0] for row in cursor.fetchall()]
+        UPDATE``, or by the database's only write lock); no SELECT when it holds them
+        already (``claim.ids``)."""
+        if claim.ids is not None:
+            ids = list(claim.ids)
+        else:
+            sql, params = self.claim_statement(claim)
+            cursor.execute(sql, params)
+            ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return []
         marks = ", ".join(["%s"] * len(ids))

@@ -96,10 +96,14 @@ class MySQL(Engine):
 
     def claim(self, cursor: Any, claim: Claim) -> list[tuple[Any, ...]]:
         """The candidates' ids (``FOR UPDATE SKIP LOCKED``: ours until the commit), one
-        UPDATE of those ids, then what the claim returns of them, in the candidates' order."""
-        sql, params = self.claim_statement(claim)
-        cursor.execute(sql, params)
-        ids = [row[0] for row in cursor.fetchall()]
+        UPDATE of those ids, then what the claim returns of them, in the candidates' order;
+        no SELECT when the caller holds the candidates already (``claim.ids``)."""
+        if claim.ids is not None:
+            ids = list(claim.ids)
+        else:
+            sql, params = self.claim_statement(claim)
+            cursor.execute(sql, params)
+            ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return []
         marks = ", ".join(["%s"] * len(ids))
@@ -107,8 +111,13 @@ class MySQL(Engine):
                        [*claim.set_params, *ids])
         cursor.execute(f"SELECT {claim.returning} FROM {claim.table} WHERE id IN ({marks})",
                        ids)
+        rows = cursor.fetchall()
+        if claim.ids is not None:
+            # In no particular order (the caller has its own); a native UUID column gives
+            # its values back in another form than the caller's.
+            return list(rows)
         position = {value: i for i, value in enumerate(ids)}
-        return sorted(cursor.fetchall(), key=lambda row: position[row[0]])
+        return sorted(rows, key=lambda row: position[row[0]])
 
     # ----- SQL fragments ----------------------------------------------------------------
 

@@ -32,15 +32,15 @@ Tasks left behind stay READY and use no attempt.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
 from .. import conf
-from ..db import engine
+from ..db import compiled, engine
 from ..djtasks import InvalidTask
 from ..exceptions import InvalidTaskArguments
 from ..models import ANY_QUEUE_GUARD, ConcurrencySlot, TaskRecord
@@ -64,6 +64,8 @@ PAGES = 4
 FIRST_PAGE = 32
 GROWTH = 4
 MAX_PAGE = 1000
+#: Compiled statements kept at most (``_by_keys``: one per kind and number of keys).
+_MAX_COMPILED = 512
 
 
 # ----- declaration and enqueue ------------------------------------------------------------
@@ -258,26 +260,39 @@ def _candidates(using: str, now: Any, queues: list[str] | None, only_path: str |
     False: read without locks), without the ``full`` ones, those chosen already and those
     of ``paused`` queues: ``(id, key, limit)`` each."""
     connection = connections[using]
-    qs = TaskRecord.objects.using(using).ready(now)
-    # Every queue: the index of every queue's claims (its guard: models.ANY_QUEUE_GUARD).
-    qs = qs.filter(ANY_QUEUE_GUARD) if queues is None else qs.in_queues(queues)
-    if paused:
-        qs = qs.exclude(queue_name__in=list(paused))
-    if only_path is not None:
-        qs = qs.filter(task_path=only_path)
-    if exclude:
-        qs = qs.exclude(task_path__in=list(exclude))
-    if full is not None:
-        qs = qs.exclude(full)  # a keyless row (NULL key) is never excluded
-    if chosen:
-        qs = qs.exclude(pk__in=chosen)
-    # The claim index's order (store.claim); ties in index order.
-    qs = qs.order_by(F("priority").desc(), "available_at")
-    if lock and connection.features.has_select_for_update_skip_locked:
-        qs = qs.select_for_update(
-            skip_locked=True,
-            of=("self",) if connection.features.has_select_for_update_of else ())
-    return list(qs.values_list("id", "concurrency_key", "concurrency_limit")[:size])
+
+    def build(at: Any) -> QuerySet[TaskRecord, Any]:
+        qs = TaskRecord.objects.using(using).ready(at)
+        # Every queue: the index of every queue's claims (its guard: models.ANY_QUEUE_GUARD).
+        qs = qs.filter(ANY_QUEUE_GUARD) if queues is None else qs.in_queues(queues)
+        if paused:
+            qs = qs.exclude(queue_name__in=list(paused))
+        if only_path is not None:
+            qs = qs.filter(task_path=only_path)
+        if exclude:
+            qs = qs.exclude(task_path__in=list(exclude))
+        if full is not None:
+            qs = qs.exclude(full)  # a keyless row (NULL key) is never excluded
+        if chosen:
+            qs = qs.exclude(pk__in=chosen)
+        # The claim index's order (store.claim); ties in index order.
+        qs = qs.order_by(F("priority").desc(), "available_at")
+        if lock and connection.features.has_select_for_update_skip_locked:
+            qs = qs.select_for_update(
+                skip_locked=True,
+                of=("self",) if connection.features.has_select_for_update_of else ())
+        return qs.values_list("id", "concurrency_key", "concurrency_limit")[:size]
+
+    # The first page of a claim is the same query every time but for ``now``: compiled
+    # once (``db.compiled``); the later pages filter what this claim found.
+    first = ("keyed", tuple(queues) if queues is not None else None, only_path, exclude,
+             paused, size, lock)
+    sql, params = compiled.sql_with_now(first, None, build, now, using,
+                                        cacheable=full is None and not chosen)
+    to_id = TaskRecord._meta.pk.to_python
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(to_id(pk), k, k_limit) for pk, k, k_limit in cursor.fetchall()]
 
 
 def lock_slots(using: str, keys: list[str]) -> set[str]:
@@ -286,11 +301,14 @@ def lock_slots(using: str, keys: list[str]) -> set[str]:
     connection = connections[using]
     manager = ConcurrencySlot.objects.using(using)
 
-    def lock() -> set[str]:
-        qs = manager.filter(key__in=keys).order_by("key")
+    def build(these: list[str]) -> QuerySet[ConcurrencySlot, Any]:
+        qs = manager.filter(key__in=these).order_by("key")
         if connection.features.has_select_for_update_skip_locked:
             qs = qs.select_for_update(skip_locked=True)
-        return set(qs.values_list("key", flat=True))
+        return qs.values_list("key")
+
+    def lock() -> set[str]:
+        return {str(key) for key, in _by_keys(using, "lock_slots", keys, build)}
 
     held = lock()
     if len(held) < len(keys):
@@ -307,15 +325,45 @@ def _running(using: str, keys: set[str] | None) -> dict[str, int]:
     one), through the index ``dbworker_task_keyed_running``."""
     if keys is not None and not keys:
         return {}
-    qs = TaskRecord.objects.using(using).running()
-    qs = (qs.filter(concurrency_key__isnull=False) if keys is None
-          else qs.filter(concurrency_key__in=sorted(keys)))
-    counted = (qs.values("concurrency_key").annotate(n=Count("id")).order_by()
-               .values_list("concurrency_key", "n"))
+
+    def build(these: list[str] | None) -> QuerySet[TaskRecord, Any]:
+        qs = TaskRecord.objects.using(using).running()
+        qs = (qs.filter(concurrency_key__isnull=False) if these is None
+              else qs.filter(concurrency_key__in=these))
+        return (qs.values("concurrency_key").annotate(n=Count("id")).order_by()
+                .values_list("concurrency_key", "n"))
+
     found = dict.fromkeys(keys or (), 0)
-    for key, n in counted:
+    for key, n in _by_keys(using, "running", None if keys is None else sorted(keys), build):
         found[str(key)] = n
     return found
+
+
+_compiled: dict[tuple[Any, ...], tuple[str, bool]] = {}
+
+
+def _by_keys(using: str, what: str, keys: list[str] | None,
+             build: Callable[[Any], QuerySet[Any, Any]]) -> list[tuple[Any, ...]]:
+    """The rows of ``build(keys)``, a query whose only parameters are ``keys`` (None: no
+    parameter), in their order: compiled once per ``what`` and number of keys (compiling
+    with the ORM costs about as much as the statement), else every time."""
+    connection = connections[using]
+    cache_key = (using, engine(using), what, None if keys is None else len(keys))
+    entry = _compiled.get(cache_key)
+    if entry is None:
+        probes = None if keys is None else [f"\x01probe{i:06d}" for i in range(len(keys))]
+        sql, params = compiled.compile_query(build(probes), using)
+        if len(_compiled) >= _MAX_COMPILED:
+            _compiled.clear()
+        _compiled[cache_key] = entry = (sql, params == (probes or []))
+    sql, reusable = entry
+    if reusable:
+        params = list(keys or ())
+    else:  # the keys are not all its parameters: compiled every time
+        sql, params = compiled.compile_query(build(keys), using)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
 
 
 def running_counts(keys: Iterable[str]) -> dict[str, int]:

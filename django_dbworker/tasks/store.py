@@ -263,20 +263,23 @@ def claim_ids(ids: list[Any], claimant: Claimant, lease: float, now: datetime, *
         sql = (f"SELECT {quote('id')} FROM {quote(TaskRecord._meta.db_table)} "
                f"WHERE {quote('id')} IN ({marks})")
         params: Sequence[Any] = [_prep("id", pk, using) for pk in ids]
-    else:
-        waiting = TaskRecord.objects.using(using).ready(now).filter(pk__in=ids).values("id")
-        if connection.features.has_select_for_update_skip_locked:
-            waiting = waiting.select_for_update(
-                skip_locked=True,
-                of=("self",) if connection.features.has_select_for_update_of else ())
-        sql, params = waiting.query.get_compiler(using).as_sql()
+        # Held: an engine that would read them again first need not (``Claim.ids``).
+        return _claim_candidates(sql, params, claimant, lease, now, held=True, ids=params)
+    waiting = TaskRecord.objects.using(using).ready(now).filter(pk__in=ids).values("id")
+    if connection.features.has_select_for_update_skip_locked:
+        waiting = waiting.select_for_update(
+            skip_locked=True,
+            of=("self",) if connection.features.has_select_for_update_of else ())
+    sql, params = waiting.query.get_compiler(using).as_sql()
     return _claim_candidates(sql, params, claimant, lease, now, held=True)
 
 
 def _claim_candidates(inner_sql: str, inner_params: Sequence[Any], claimant: Claimant,
-                      lease: float, now: datetime, *, held: bool = False) -> list[TaskClaim]:
+                      lease: float, now: datetime, *, held: bool = False,
+                      ids: Sequence[Any] | None = None) -> list[TaskClaim]:
     """RUNNING for ``claimant``: the tasks ``inner_sql`` selects (their ids), in its order;
-    ``held``: in the caller's transaction, which holds them (no savepoint of its own)."""
+    ``held``: in the caller's transaction, which holds them (no savepoint of its own);
+    ``ids``: what ``inner_sql`` selects, known already (``Claim.ids``)."""
     using = _alias()
     connection = connections[using]
     expires = now + timedelta(seconds=lease)
@@ -307,6 +310,7 @@ def _claim_candidates(inner_sql: str, inner_params: Sequence[Any], claimant: Cla
         candidates=inner_sql,
         candidate_params=inner_params,
         returning=f"{quote('id')}, {returned.sql}",
+        ids=ids,
     )
     with (contextlib.nullcontext() if held else one_statement(using),
           connection.cursor() as cursor):
