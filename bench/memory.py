@@ -10,13 +10,28 @@
   memory its exit would give back.
 
 PSS and USS come from ``/proc/<pid>/smaps_rollup`` (Linux 4.14+), readable for our own
-processes. ``python bench/memory.py <pid>`` prints the tree of ``<pid>`` as JSON.
+processes. ``bench/latency.py`` reports them for its idle supervisor. Run alone, this
+compares the idle tree of two checkouts of the code, interleaved in one run (A/B):
+
+    .venv/bin/python bench/memory.py [--db postgres|sqlite|mariadb|all] [--rounds 2]
+                                     [--code /work/main --code .] [--units 20]
+
+For each round, database and checkout: a fresh database, a real ``runworkers
+--concurrency=2 --worker=ping --queue=default`` importing django_dbworker from that
+checkout (the bench settings and ``benchapp`` are this one's), ``--units`` tasks and rows
+run through it, ``--settle`` seconds idle, then its memory. Writes
+bench/results/memory.json and prints a Markdown table.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,5 +69,97 @@ def tree_memory(pid: int) -> dict[str, Any]:
     return {"processes": len(pids), **total, "each": each}
 
 
+def main() -> None:
+    import benchlib
+
+    parser = argparse.ArgumentParser(description="Idle memory of runworkers, A/B.")
+    parser.add_argument("--db", choices=benchlib.DB_CHOICES, default="all")
+    parser.add_argument("--code", action="append",
+                        help="a checkout whose django_dbworker to run (repeatable; default .)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--units", type=int, default=20)
+    parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument("--child", choices=benchlib.DATABASES, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    codes = [str(Path(c).resolve()) for c in (args.code or ["."])]
+    if args.child:
+        Path(args.out).write_text(json.dumps(measure(args.child, codes, args)))
+        return
+    passed = [f"--rounds={args.rounds}", f"--units={args.units}", f"--settle={args.settle}",
+              *(f"--code={c}" for c in codes)]
+    found = benchlib.per_database(Path(__file__), benchlib.chosen(args.db), passed)
+    results = [r for db in found for r in found[db]]
+    table = report(results)
+    path = benchlib.write_results("memory.json", {
+        "benchmark": "memory", "machine": benchlib.machine(),
+        "config": {"rounds": args.rounds, "units": args.units, "settle_s": args.settle,
+                   "codes": codes,
+                   "command": "runworkers --concurrency=2 --worker=ping --queue=default"},
+        "results": results, "table": table})
+    print(table)
+    print(f"\nwritten: {path.relative_to(benchlib.ROOT)}")
+
+
+def measure(db: str, codes: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each checkout's idle tree, ``--rounds`` times, alternating, on a fresh database each."""
+    import benchlib
+
+    results = []
+    for round_ in range(args.rounds):
+        for code in codes:
+            with benchlib.scratch_database(db, f"mem{round_}") as name:
+                benchlib.setup_django(db, name)
+                from django.db import connections
+
+                connections.close_all()
+                env = {**benchlib.environment(db, name),
+                       "PYTHONPATH": os.pathsep.join([str(benchlib.BENCH), code])}
+                command = [sys.executable, "-m", "django", "runworkers", "--concurrency=2",
+                           "--worker=ping", "--queue=default", "--verbosity=0"]
+                process = subprocess.Popen(command, env=env, cwd=code)
+                try:
+                    run_units(args.units)
+                    time.sleep(args.settle)
+                    held = tree_memory(process.pid)
+                finally:
+                    process.send_signal(signal.SIGTERM)
+                    process.wait(60)
+                results.append({"db": db, "code": code, "round": round_,
+                                "loadavg_1m": round(os.getloadavg()[0], 2), **held})
+    return results
+
+
+def run_units(count: int, timeout: float = 60.0) -> None:
+    """``count`` tasks and ``count`` rows through the supervisor; return once all ran."""
+    from benchapp.models import Ping
+    from benchapp.tasks import stamp
+
+    from django_dbworker.models import TaskRecord, TaskStatus
+
+    tasks = [stamp.enqueue().id for _ in range(count)]
+    rows = [Ping.objects.create().pk for _ in range(count)]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = (TaskRecord.objects.filter(pk__in=tasks, status=TaskStatus.SUCCESSFUL).count()
+                + Ping.objects.filter(pk__in=rows, started__isnull=False).count())
+        if done == 2 * count:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{count} tasks and {count} rows did not all run within {timeout}s")
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    import benchlib
+
+    headers = ["db", "code", "round", "RSS MB", "PSS MB", "USS MB",
+               "each process RSS / PSS / USS MB", "load 1m"]
+    rows = [[r["db"], r["code"], r["round"], r["rss_mb"], r["pss_mb"], r["uss_mb"],
+             ", ".join(f"{e['role']} {e['rss_mb']} / {e['pss_mb']} / {e['uss_mb']}"
+                       for e in r["each"]), r["loadavg_1m"]]
+            for r in results]
+    return benchlib.markdown_table(headers, rows)
+
+
 if __name__ == "__main__":
-    print(json.dumps(tree_memory(int(sys.argv[1])), indent=2))
+    main()
