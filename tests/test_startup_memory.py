@@ -76,20 +76,27 @@ settings.configure(INSTALLED_APPS=["django_dbworker"], DATABASES={"default": {
     "ENGINE": "django.db.backends.sqlite3", "NAME": "unused.sqlite3"}})
 import django
 django.setup()
+import django_dbworker.management.commands.runworkers
 print(json.dumps(sorted(sys.modules)))
 """
 
 
-def test_our_models_do_not_import_djangos_migration_operations():
+def test_without_djangos_admin_and_contrib_apps_runworkers_imports_none_of_their_kind():
     """``db.partial``'s migration operation is in ``db.flag_migrations``, imported by the
-    migration that uses it. (Django's contenttypes and auth apps import the operations in
-    their ``ready()`` anyway; a project without them does not.)"""
+    migration that uses it (Django's contenttypes and auth apps import the operations in
+    their ``ready()`` anyway; a project without them does not). Our admin is imported by
+    the admin's autodiscover only, where ``django.contrib.admin`` is installed; the CLI's,
+    the metrics' and the dashboard's modules by what uses them."""
     done = subprocess.run([sys.executable, "-c", ONLY_OURS], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     modules = set(json.loads(done.stdout.splitlines()[-1]))
     assert "django_dbworker.models" in modules
-    assert not {"django.db.migrations", "django_dbworker.db.flag_migrations"} & modules
+    assert "django_dbworker.supervisor.supervisor" in modules
+    assert sorted(modules & {
+        "django.db.migrations", "django_dbworker.db.flag_migrations", "django_dbworker.admin",
+        "django.contrib.admin", "django_dbworker.cli", "django_dbworker.insight.metrics",
+        "django_dbworker.insight.snapshot", "croniter"}) == []
     from django_dbworker.db import partial
     from django_dbworker.db.flag_migrations import WherePartialIndexesLack
 
