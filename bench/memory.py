@@ -16,7 +16,7 @@ compares the idle tree of two checkouts of the code, interleaved in one run (A/B
     .venv/bin/python bench/memory.py [--db postgres|sqlite|mariadb|all] [--rounds 2]
                                      [--code /work/main --code .] [--units 20]
 
-For each round, database and checkout: a fresh database, a real ``runworkers
+For each database (one, fresh), round and checkout: a real ``runworkers
 --concurrency=2 --worker=ping --queue=default`` importing django_dbworker from that
 checkout (the bench settings and ``benchapp`` are this one's), ``--units`` tasks and rows
 run through it, ``--settle`` seconds idle, then its memory. Writes
@@ -102,16 +102,16 @@ def main() -> None:
 
 
 def measure(db: str, codes: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Each checkout's idle tree, ``--rounds`` times, alternating, on a fresh database each."""
+    """Each checkout's idle tree, ``--rounds`` times, alternating, on one database."""
     import benchlib
 
     results = []
-    for round_ in range(args.rounds):
-        for code in codes:
-            with benchlib.scratch_database(db, f"mem{round_}") as name:
-                benchlib.setup_django(db, name)
-                from django.db import connections
+    with benchlib.scratch_database(db, "memory") as name:
+        benchlib.setup_django(db, name)
+        from django.db import connections
 
+        for round_ in range(args.rounds):
+            for code in codes:
                 connections.close_all()
                 env = {**benchlib.environment(db, name),
                        "PYTHONPATH": os.pathsep.join([str(benchlib.BENCH), code])}
