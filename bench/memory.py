@@ -79,15 +79,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--units", type=int, default=20)
     parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument("--floor", action="store_true",
+                        help="also measure the floor: Django with no app and the driver, "
+                             "connected, in a process and two forked children")
     parser.add_argument("--child", choices=benchlib.DATABASES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--floor-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor_of:
+        print(json.dumps(floor(args.settle)))
+        return
     codes = [str(Path(c).resolve()) for c in (args.code or ["."])]
     if args.child:
         Path(args.out).write_text(json.dumps(measure(args.child, codes, args)))
         return
     passed = [f"--rounds={args.rounds}", f"--units={args.units}", f"--settle={args.settle}",
-              *(f"--code={c}" for c in codes)]
+              *(f"--code={c}" for c in codes), *(["--floor"] if args.floor else [])]
     found = benchlib.per_database(Path(__file__), benchlib.chosen(args.db), passed)
     results = [r for db in found for r in found[db]]
     table = report(results)
@@ -127,7 +134,52 @@ def measure(db: str, codes: list[str], args: argparse.Namespace) -> list[dict[st
                     process.wait(60)
                 results.append({"db": db, "code": code, "round": round_,
                                 "loadavg_1m": round(os.getloadavg()[0], 2), **held})
+            if args.floor:
+                found = subprocess.run(
+                    [sys.executable, __file__, f"--floor-of={db}", f"--settle={args.settle}"],
+                    env=benchlib.environment(db, name), check=True, capture_output=True,
+                    text=True).stdout
+                results.append({"db": db, "code": "floor: Django, no app, the driver",
+                                "round": round_, "loadavg_1m": round(os.getloadavg()[0], 2),
+                                **json.loads(found)})
     return results
+
+
+def floor(settle: float) -> dict[str, Any]:
+    """What any Django process tree of the same shape holds: Django with no installed app and
+    the database driver, connected, heap frozen, then two forked children, each connected
+    (the bench settings' database, ``BENCH_DB``)."""
+    import gc
+
+    import bench_settings
+    from django.conf import settings
+
+    settings.configure(INSTALLED_APPS=[], DATABASES=bench_settings.DATABASES, USE_TZ=True)
+    import django
+    import django.tasks  # the Tasks framework, as our backend needs it
+    from django.db import connection
+
+    django.setup()
+    connection.ensure_connection()
+    connection.close()
+    gc.freeze()
+    children = []
+    for _ in range(2):
+        pid = os.fork()
+        if pid == 0:
+            connection.ensure_connection()
+            connection.cursor().execute("SELECT 1")
+            time.sleep(settle + 5)
+            os._exit(0)
+        children.append(pid)
+    connection.ensure_connection()
+    connection.cursor().execute("SELECT 1")
+    time.sleep(settle)
+    held = tree_memory(os.getpid())
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return held
 
 
 def run_units(count: int, timeout: float = 60.0) -> None:
