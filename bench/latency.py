@@ -27,7 +27,10 @@ whether another connection committed (``PRAGMA data_version``) and polls every
 default, 1 s). MariaDB has no LISTEN/NOTIFY: the idle supervisor runs an indexed probe of
 what a claim would find new every 50 ms (``db/mysql.py``, ``commit_counter``), with
 ``POLL_INTERVAL`` (the default, 1 s) polling behind. Then the supervisor and its children
-idle for ``--idle`` seconds: their CPU use (% of one core) and memory (RSS).
+idle for ``--idle`` seconds: their CPU use (% of one core) and memory (``bench/memory.py``):
+RSS (shared pages counted in each process that maps them: a forked child's inherited heap
+counts again in each child), PSS (shared pages divided among the processes: the sum is what
+the tree holds) and USS (what only that process holds).
 
 Writes bench/results/latency.json and prints a Markdown table.
 """
@@ -48,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib
+import memory
 
 TARGETS = {"postgres_p50_ms": 3, "postgres_p99_ms": 20, "sqlite_p50_ms": 50,
            "mariadb_p50_ms": 50,
@@ -95,8 +99,10 @@ def main() -> None:
                    "command": "runworkers --concurrency 2 --worker ping --queue default"},
         "results": results,
         "table": report(results),
+        "memory_table": memory_report(results),
     })
     print(report(results))
+    print(f"\n{memory_report(results)}")
     print(f"\nwritten: {path.relative_to(benchlib.ROOT)}")
 
 
@@ -204,21 +210,18 @@ def one_sample(kind: str, timeout: float = 10.0,
 
 
 def idle_cost(pid: int, seconds: float) -> dict[str, Any]:
-    """CPU (% of one core) and RSS (MB) of the supervisor and its children while idle."""
+    """CPU (% of one core) of the supervisor and its children while idle, and their memory
+    (``memory.tree_memory``: RSS, PSS and USS, each process and summed)."""
     time.sleep(1.0)  # let the last unit's bookkeeping settle
-    pids = [pid, *children(pid)]
+    pids = [pid, *memory.children(pid)]
     before = sum(cpu_seconds(p) for p in pids)
     time.sleep(seconds)
     used = sum(cpu_seconds(p) for p in pids) - before
+    held = memory.tree_memory(pid)
     return {"idle_cpu_percent": round(100 * used / seconds, 2),
-            "idle_rss_mb": round(sum(rss_mb(p) for p in pids), 1), "processes": len(pids)}
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+            "idle_rss_mb": held["rss_mb"], "idle_pss_mb": held["pss_mb"],
+            "idle_uss_mb": held["uss_mb"], "processes": held["processes"],
+            "idle_memory": held["each"]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -228,16 +231,6 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     fields = stat[stat.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def figures(seconds: list[float]) -> dict[str, Any]:
@@ -263,6 +256,18 @@ def report(results: list[dict[str, Any]]) -> str:
                          f"{c['p50_ms']} / {c['p90_ms']} / {c['p99_ms']}",
                          f"{f['p50_ms']} / {f['p90_ms']} / {f['p99_ms']}", c["max_ms"],
                          r["idle_cpu_percent"], r["idle_rss_mb"]])
+    return benchlib.markdown_table(headers, rows)
+
+
+def memory_report(results: list[dict[str, Any]]) -> str:
+    """The idle tree's memory by database: RSS, PSS and USS summed, and each process's."""
+    headers = ["db", "wake-up", "idle RSS MB", "idle PSS MB", "idle USS MB",
+               "each process RSS / PSS / USS MB"]
+    rows = [[r["db"], wake_up(r), r["idle_rss_mb"], r.get("idle_pss_mb", "-"),
+             r.get("idle_uss_mb", "-"),
+             ", ".join(f"{e['role']} {e['rss_mb']} / {e['pss_mb']} / {e['uss_mb']}"
+                       for e in r.get("idle_memory", []))]
+            for r in results]
     return benchlib.markdown_table(headers, rows)
 
 

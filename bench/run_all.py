@@ -237,9 +237,10 @@ def summary(found: dict[str, Any]) -> str:
                          + f"p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms", "",
                          vs_peers(c["p50_ms"], peers, PEER_COMPARISON[r["db"]], "latency")
                          if c else "", target])
+        pss = f", {r['idle_pss_mb']} MB PSS" if "idle_pss_mb" in r else ""
         rows.append([r["db"], "idle supervisor + 2 children",
-                     f"{r['idle_cpu_percent']}% CPU, {r['idle_rss_mb']} MB RSS", "", "",
-                     "< 1% CPU, < 150 MB"])
+                     f"{r['idle_cpu_percent']}% CPU, {r['idle_rss_mb']} MB RSS{pss}", "", "",
+                     "< 1% CPU, < 150 MB RSS"])
     for ratio in found["claim_cost"].get("ratios", []):
         rows.append([ratio["db"], f"claim cost, {ratio['worker']}, {ratio['limit']} unit(s): "
                      "1M vs 1k finished rows", f"{ratio['claim_ratio']}x (claim), "

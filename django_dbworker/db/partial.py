@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.core import checks
-from django.db import migrations, models
+from django.db import models
 from django.db.models import F, Lookup, Q
 from django.db.models.expressions import Col
 
@@ -201,41 +201,13 @@ class KeyField(models.CharField):
         return name, "django_dbworker.db.partial.KeyField", args, kwargs
 
 
-class WherePartialIndexesLack(migrations.SeparateDatabaseAndState):
-    """Migration operations that change only the state on databases with partial indexes
-    (where the indexes and constraints they swap are the same SQL), and run on the others,
-    with the flag column of every ``PartialIndex`` they add added first (and dropped after
-    the indexes when reversed)."""
+def __getattr__(name: str) -> Any:
+    """``WherePartialIndexesLack``, the migration operation, lives in ``flag_migrations``
+    and is imported when a migration asks for it here (migration 0007 names it so): a
+    supervisor and its children, which import this module with the models, never load
+    Django's migration operations and state."""
+    if name == "WherePartialIndexesLack":
+        from .flag_migrations import WherePartialIndexesLack
 
-    def __init__(self, operations: list[Any]) -> None:
-        super().__init__(database_operations=operations, state_operations=operations)
-
-    def deconstruct(self) -> Any:
-        return (self.__class__.__qualname__, [], {"operations": self.state_operations})
-
-    def _flagged(self, app_label: str, state: Any) -> list[tuple[Any, PartialIndex]]:
-        found: dict[tuple[str, str], tuple[Any, PartialIndex]] = {}
-        for operation in self.database_operations:
-            index = getattr(operation, "index", None)
-            if isinstance(operation, migrations.AddIndex) and isinstance(index, PartialIndex):
-                model = state.apps.get_model(app_label, operation.model_name)
-                found.setdefault((model._meta.db_table, index.flag), (model, index))
-        return list(found.values())
-
-    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
-                          to_state: Any) -> None:
-        if has_partial_indexes(schema_editor.connection):
-            return
-        for model, index in self._flagged(app_label, to_state):
-            schema_editor.execute(flag_column_sql(model, index, schema_editor.quote_name))
-        super().database_forwards(app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
-                           to_state: Any) -> None:
-        if has_partial_indexes(schema_editor.connection):
-            return
-        super().database_backwards(app_label, schema_editor, from_state, to_state)
-        q = schema_editor.quote_name
-        for model, index in self._flagged(app_label, from_state):
-            schema_editor.execute(f"ALTER TABLE {q(model._meta.db_table)} "
-                                  f"DROP COLUMN {q(index.flag)}")
+        return WherePartialIndexesLack
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,7 @@ from django_dbworker.djtasks import task_backends
 from django_dbworker.embedding import die_with_parent
 from django_dbworker.exceptions import UnknownWorker
 from django_dbworker.logs import JsonFormatter
+from django_dbworker.management.forked import run_forked
 from django_dbworker.registry import workers
 from django_dbworker.supervisor.supervisor import Options, Supervisor
 
@@ -130,7 +131,17 @@ class Command(BaseCommand):
 
         return any(isinstance(b, DBWorkerBackend) for b in task_backends.all())
 
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's system checks, in a forked process (``forked``): what they import does
+        not stay in the supervisor and its children."""
+        run_forked(lambda: super(Command, self).check(*args, **kwargs))
+
     def _check_migrations(self, using: str) -> None:
+        """No unapplied migrations, in a forked process: every app's migrations are
+        imported to tell, and need not stay in the supervisor and its children."""
+        run_forked(lambda: self._unapplied_migrations(using))
+
+    def _unapplied_migrations(self, using: str) -> None:
         from django.db import DatabaseError, connections
         from django.db.migrations.executor import MigrationExecutor
 
