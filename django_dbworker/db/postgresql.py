@@ -141,19 +141,54 @@ class PostgreSQL(Engine):
         block then rolls all of them back."""
         connection.ensure_connection()
         raw = connection.connection
-        try:
-            import psycopg
-            from psycopg import Pipeline
-        except ImportError:  # psycopg2
-            yield
-            return
-        if not Pipeline.is_supported() or not isinstance(raw, psycopg.Connection):
+        if not _pipelines(raw):
             yield
             return
         # An error the pipeline's end fetches comes from psycopg, not from Django's cursor:
         # raised as Django's own (IntegrityError, ...), as errors from execute() are.
         with connection.wrap_database_errors, raw.pipeline():
             yield
+
+    @contextlib.contextmanager
+    def begun_with_first_statement(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
+        """The block's first statement goes as ``execute_first`` sends it: with BEGIN, in
+        one query, where client-side binding allows (else as ever). Only that statement:
+        an ``execute_wrapper`` that steps aside once it has run."""
+        sent = False
+
+        def first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            nonlocal sent
+            if sent or many:
+                return execute(sql, params, many, context)
+            sent = True
+            return execute_first(context["cursor"], sql, params)
+
+        with connection.execute_wrapper(first):
+            yield
+
+    @contextlib.contextmanager
+    def one_transaction(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
+        """Outside a transaction (autocommit), with psycopg 3's pipeline: no BEGIN and no
+        COMMIT, the statements go without waiting and the server runs those sent before
+        the pipeline's Sync as one implicit transaction, committed at the Sync: one round
+        trip in all, where ``atomic()`` and a pipeline take three (psycopg waits for its
+        BEGIN; COMMIT waits). An exception in the block queues a ROLLBACK before the Sync
+        (the server warns that no transaction is in progress, and rolls the implicit one
+        back). Inside a transaction: a savepoint (``atomic()``) and the pipeline."""
+        connection.ensure_connection()
+        raw = connection.connection
+        if not connection.get_autocommit() or not _pipelines(raw):
+            with transaction.atomic(using=connection.alias), self.pipelined(connection):
+                yield
+            return
+        with connection.wrap_database_errors, raw.pipeline():
+            try:
+                yield
+            except BaseException:
+                # An error of the server's has aborted the pipeline: it rolls back anyway.
+                with contextlib.suppress(Exception):
+                    raw.execute("ROLLBACK")
+                raise
 
     # ----- the transaction of a transactional handler ----------------------------------
 
@@ -438,6 +473,16 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     return value
+
+
+def _pipelines(raw: Any) -> bool:
+    """Whether ``raw`` is a psycopg 3 connection whose libpq has pipeline mode."""
+    try:
+        import psycopg
+        from psycopg import Pipeline
+    except ImportError:  # psycopg2
+        return False
+    return bool(Pipeline.is_supported()) and isinstance(raw, psycopg.Connection)
 
 
 def binds_on_client(connection: BaseDatabaseWrapper) -> bool:

@@ -170,7 +170,9 @@ def claim(
         return []
     using = conf.get().DATABASE
     now = timezone.now()
-    with transaction.atomic(using=using):
+    connection = connections[using]
+    with (transaction.atomic(using=using),
+          engine(using).begun_with_first_statement(connection)):
         paused = tuple(sorted(exclude_queues)) if queues is None else ()
         chosen, held = _choose(using, now, queues, limit, only_path, tuple(exclude_paths),
                                paused)
