@@ -273,7 +273,10 @@ def test_a_unit_managing_its_own_transactions_is_fenced_alone_too(monkeypatch):
     assert run(new).outcome == "finished"
 
 
-def test_a_keyed_claim_sends_begin_with_its_first_read(postgres, tmp_path):
+def test_a_keyed_claim_sends_begin_with_its_first_read_and_commit_with_its_update(
+        postgres, tmp_path):
+    from psycopg.pq import TransactionStatus
+
     from django_dbworker.tasks import concurrency
     from tests.testapp.concurrency_tasks import conc_account
 
@@ -282,5 +285,44 @@ def test_a_keyed_claim_sends_begin_with_its_first_read(postgres, tmp_path):
         lambda: concurrency.claim(None, 5, Claimant(), 30), tmp_path)
     assert len(claims) == 1, claims
     assert sent[0].startswith("BEGIN; SELECT "), sent
-    assert "BEGIN" not in [q.strip() for q in sent], sent
+    assert sent[-1].endswith("; COMMIT") and "UPDATE" in sent[-1], sent
+    assert not [q for q in sent if q.strip() in ("BEGIN", "COMMIT")], sent
+    assert connection.connection.pgconn.transaction_status == TransactionStatus.IDLE
     assert TaskRecord.objects.get(pk=claims[0].task_id).status == "RUNNING"
+    _, trips = round_trips(lambda: concurrency.claim(None, 5, Claimant(), 30), tmp_path)
+    assert trips == 2, trips  # nothing left to claim: BEGIN with the read, then COMMIT
+
+
+def test_a_keyed_claim_inside_a_transaction_leaves_commit_to_it(postgres, tmp_path):
+    from django_dbworker.tasks import concurrency
+    from tests.testapp.concurrency_tasks import conc_account
+
+    conc_account.enqueue("k", 0)
+    with transaction.atomic():
+        Item.objects.create(action="before")
+        claims, sent = queries_sent(
+            lambda: concurrency.claim(None, 5, Claimant(), 30), tmp_path)
+        assert len(claims) == 1
+        assert not any("COMMIT" in q for q in sent), sent
+        transaction.set_rollback(True)
+    assert TaskRecord.objects.get().status == "READY", "rolled back with the caller's"
+
+
+def test_a_keyed_claim_of_rows_commits_with_its_update(postgres, tmp_path, request):
+    from django_dbworker import Finished
+    from django_dbworker.registry import worker as declare
+    from django_dbworker.rows import concurrency
+
+    def keyed_rows(item):
+        return Finished()
+
+    worker = declare(keyed_rows, source=Item, eligible=Item.objects.filter(kind="conc_rows"),
+                     concurrency_limit=2, concurrency_key="action")
+    request.addfinalizer(lambda: workers.remove("keyed_rows"))
+    item = Item.objects.create(kind="conc_rows", action="a")
+    claims, sent = queries_sent(
+        lambda: concurrency.claim(worker, 5, Claimant(), 30), tmp_path)
+    assert [c.source_key for c in claims] == [str(item.pk)]
+    assert sent[0].startswith("BEGIN; SELECT "), sent
+    assert sent[-1].endswith("; COMMIT"), sent
+    assert Execution.objects.get(pk=claims[0].execution_id).state == State.WORKING

@@ -226,6 +226,12 @@ class Engine:
         BEGIN goes with that statement, where the engine can (a round trip less)."""
         return contextlib.nullcontext()
 
+    def committed_with_statement(self, connection: BaseDatabaseWrapper) -> Any:
+        """Around the last statement of the outermost ``transaction.atomic()`` block (one
+        statement, whose results are read after it ran): COMMIT goes with it where the
+        engine can, and the block's end then has nothing left to commit."""
+        return contextlib.nullcontext()
+
     def one_transaction(self, connection: BaseDatabaseWrapper) -> Any:
         """Statements of the block, whose results nobody reads, run in one transaction: the
         caller's (a savepoint of it), or one of their own; an exception rolls all of them

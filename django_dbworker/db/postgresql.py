@@ -167,6 +167,31 @@ class PostgreSQL(Engine):
             yield
 
     @contextlib.contextmanager
+    def committed_with_statement(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
+        """``; COMMIT`` after the block's statement, in the same query, with client-side
+        binding, in the outermost atomic block that nothing marked for rollback (else the
+        statement runs as it is). The cursor is left at the statement's own result; a
+        statement that fails stops the query before COMMIT, and the block rolls back as
+        ever. Django's commit at the block's end then finds no transaction (psycopg sends
+        nothing)."""
+        if not (binds_on_client(connection) and len(connection.atomic_blocks) == 1
+                and connection.commit_on_exit and not connection.needs_rollback
+                and not connection.savepoint_ids):
+            yield
+            return
+        sent = False
+
+        def then_commit(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            nonlocal sent
+            if sent or many:
+                return execute(sql, params, many, context)
+            sent = True
+            return execute(f"{sql}; COMMIT", params, many, context)
+
+        with connection.execute_wrapper(then_commit):
+            yield
+
+    @contextlib.contextmanager
     def one_transaction(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
         """Outside a transaction (autocommit), with psycopg 3's pipeline: no BEGIN and no
         COMMIT, the statements go without waiting and the server runs those sent before

@@ -169,7 +169,8 @@ def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[
         parts = replace(parts, candidates=(
             f"SELECT {quote('id')} FROM {quote(Execution._meta.db_table)} "
             f"WHERE {quote('id')} IN ({marks})"), candidate_params=list(chosen), index=None)
-        with connection.cursor() as cursor:
+        with (engine_for(connection).committed_with_statement(connection),
+              connection.cursor() as cursor):
             rows = engine_for(connection).claim(cursor, parts)
     position = {pk: i for i, pk in enumerate(chosen)}
     rows = sorted(rows, key=lambda row: position[row[0]])

@@ -178,7 +178,8 @@ def claim(
                                paused)
         if not chosen:
             return []
-        claims = store.claim_ids(chosen, claimant, lease, now, held=held)
+        with engine(using).committed_with_statement(connection):  # the claim's UPDATE
+            claims = store.claim_ids(chosen, claimant, lease, now, held=held)
     position = {pk: i for i, pk in enumerate(chosen)}
     return sorted(claims, key=lambda c: position[c.task_id])
 
