@@ -153,7 +153,8 @@ class PostgreSQL(Engine):
     def begun_with_first_statement(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
         """The block's first statement goes as ``execute_first`` sends it: with BEGIN, in
         one query, where client-side binding allows (else as ever). Only that statement:
-        an ``execute_wrapper`` that steps aside once it has run."""
+        an ``execute_wrapper`` that steps aside once it has run (what Django records of
+        the query, ``connection.queries``, is the statement as it was asked for)."""
         sent = False
 
         def first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -161,7 +162,18 @@ class PostgreSQL(Engine):
             if sent or many:
                 return execute(sql, params, many, context)
             sent = True
-            return execute_first(context["cursor"], sql, params)
+            cursor = context["cursor"]
+            raw = _beginning(cursor)
+            if raw is None:
+                return execute(sql, params, many, context)
+            begin = raw._get_tx_start_command().decode()
+            raw._autocommit = True  # for this query only, as in execute_first
+            try:
+                result = execute(f"{begin}; {sql}", params, many, context)
+            finally:
+                raw._autocommit = False
+            cursor.nextset()
+            return result
 
         with connection.execute_wrapper(first):
             yield
