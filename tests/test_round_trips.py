@@ -326,3 +326,21 @@ def test_a_keyed_claim_of_rows_commits_with_its_update(postgres, tmp_path, reque
     assert sent[0].startswith("BEGIN; SELECT "), sent
     assert sent[-1].endswith("; COMMIT"), sent
     assert Execution.objects.get(pk=claims[0].execution_id).state == State.WORKING
+
+
+def test_a_named_cursor_first_in_the_block_gets_begin_as_psycopg_sends_it(postgres, tmp_path):
+    """``iterator()`` reads through a named cursor (DECLARE ... CURSOR FOR its query): the
+    BEGIN cannot go in that query, so it goes alone, and the block works as ever."""
+    from django_dbworker.db import engine
+
+    Item.objects.create(action="a")
+    Item.objects.create(action="b")
+
+    def read():
+        with transaction.atomic(), engine().begun_with_first_statement(connection):
+            first = [i.action for i in Item.objects.order_by("pk").iterator(chunk_size=1)]
+            return [*first, Item.objects.count()]
+
+    seen, sent = queries_sent(read, tmp_path)
+    assert seen == ["a", "b", 2], seen
+    assert not any(q.startswith("BEGIN;") for q in sent), sent

@@ -164,7 +164,7 @@ class PostgreSQL(Engine):
             sent = True
             cursor = context["cursor"]
             raw = _beginning(cursor)
-            if raw is None:
+            if raw is None or not _client_side(cursor):  # not a named (server-side) cursor
                 return execute(sql, params, many, context)
             begin = raw._get_tx_start_command().decode()
             raw._autocommit = True  # for this query only, as in execute_first
@@ -574,6 +574,14 @@ def execute_first(cursor: Any, sql: str, params: Sequence[Any], *,
     finally:
         raw._autocommit = False
     cursor.nextset()
+
+
+def _client_side(cursor: Any) -> bool:
+    """Whether Django's ``cursor`` wraps a psycopg client-side-binding cursor (not a named
+    cursor of ``iterator()``, whose query psycopg wraps in DECLARE)."""
+    import psycopg
+
+    return isinstance(getattr(cursor, "cursor", None), psycopg.ClientCursor)
 
 
 def _beginning(cursor: Any) -> Any:
