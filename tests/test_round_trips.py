@@ -344,3 +344,28 @@ def test_a_named_cursor_first_in_the_block_gets_begin_as_psycopg_sends_it(postgr
     seen, sent = queries_sent(read, tmp_path)
     assert seen == ["a", "b", 2], seen
     assert not any(q.startswith("BEGIN;") for q in sent), sent
+
+
+def test_a_renewal_round_sends_begin_with_its_lock_timeout(postgres, tmp_path):
+    """The renewer's transaction (``lock_wait_scope``): ``SET LOCAL lock_timeout`` goes
+    with BEGIN, and holds for the statements of the round."""
+    from django_dbworker.db import engine
+
+    engine().bound_lock_waits(connection, 2.0)
+
+    def round_():
+        with engine().lock_wait_scope(connection), connection.cursor() as cursor:
+            renewed = store.renew(Claimant(), 30)
+            cursor.execute("SHOW lock_timeout")
+            return renewed, cursor.fetchone()[0]
+
+    try:
+        (renewed, timeout), sent = queries_sent(round_, tmp_path)
+    finally:
+        del connection._dbworker_lock_wait
+    assert renewed == 0 and timeout == "2s", (renewed, timeout)
+    assert sent[0].startswith("BEGIN") and sent[0].endswith("SET LOCAL lock_timeout = 2000"), sent
+    assert "BEGIN" not in [q.strip() for q in sent], sent
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0", "SET LOCAL: only for the round"
