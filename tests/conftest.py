@@ -200,3 +200,12 @@ def queries_sent(call: Callable[[], object], folder: Path) -> tuple[object, list
     message sent (the simple protocol of client-side binding)."""
     value, sent = sent_to_postgres(call, folder)
     return value, [m[1].strip().strip('"') for m in sent if m[:1] == ["Query"]]
+
+
+def round_trips(call: Callable[[], object], folder: Path) -> tuple[object, int]:
+    """``call()`` with libpq's protocol trace on; its value and the round trips it made: the
+    messages after which the client waits for the server, a simple-protocol Query (one or
+    several statements) or a Sync (the end of an extended-protocol batch, psycopg's
+    pipeline among them)."""
+    value, sent = sent_to_postgres(call, folder)
+    return value, sum(1 for m in sent if m[:1] in (["Query"], ["Sync"]))

@@ -14,12 +14,13 @@ from django.utils import timezone
 
 from django_dbworker import ExecutionStatus, workers
 from django_dbworker.db import sources
-from django_dbworker.models import Execution, State
+from django_dbworker.models import Execution, State, TaskRecord
 from django_dbworker.rows import store
 from django_dbworker.rows.runner import run
 from django_dbworker.rows.store import Claimant
-from tests.conftest import queries_sent
-from tests.testapp.models import Effect, Item, Solo
+from tests.conftest import queries_sent, round_trips
+from tests.testapp import tasks
+from tests.testapp.models import Effect, Item, Solo, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,6 +53,17 @@ def test_a_unit_sends_begin_with_its_read_and_commit_with_its_completion(postgre
     assert 'UPDATE "django_dbworker_execution"' in sent[2] and sent[2].endswith("; COMMIT")
     assert not [q for q in sent if q.strip() in ("BEGIN", "COMMIT")], sent
     assert Effect.objects.filter(item_id=row.pk, worker="solo").count() == 1
+    assert workers["solo"].state(row.pk)["execution_status"] == ExecutionStatus.FINISHED
+
+
+def test_a_unit_costs_two_round_trips_of_ours(postgres, tmp_path):
+    """The steady state of a transactional row unit in a child: BEGIN and the read, then
+    the completion and COMMIT; the handler's own statements come on top (here one)."""
+    row = Solo.objects.create()
+    c = _claim("solo", row.pk)
+    result, trips = round_trips(lambda: run(c), tmp_path)
+    assert result.outcome == "finished", result
+    assert trips == 2 + 1, trips  # + the handler's INSERT
     assert workers["solo"].state(row.pk)["execution_status"] == ExecutionStatus.FINISHED
 
 
@@ -195,3 +207,165 @@ def test_a_unit_run_inside_a_transaction_does_not_commit_it():
         transaction.set_rollback(True)
     assert not Effect.objects.exists()
     assert Execution.objects.get(pk=c.execution_id).state == State.WORKING
+
+
+# ----- round trips around the unit: its arrival, its claim, a record alone ------------------
+
+
+def test_an_enqueue_outside_a_transaction_is_one_round_trip(postgres, tmp_path):
+    """The task's INSERT and the NOTIFY in one pipeline, no BEGIN or COMMIT: the server
+    runs them as one implicit transaction up to the pipeline's Sync."""
+    result, trips = round_trips(lambda: tasks.add.enqueue(1, 2), tmp_path)
+    assert trips == 1, trips
+    record = TaskRecord.objects.get(pk=result.id)
+    assert record.status == "READY" and record.args == [1, 2]
+
+
+def test_an_enqueue_inside_a_transaction_is_a_savepoint_around_one_pipeline(postgres,
+                                                                            tmp_path):
+    with transaction.atomic():
+        Item.objects.create(action="before")
+        result, trips = round_trips(lambda: tasks.add.enqueue(1, 2), tmp_path)
+        # SAVEPOINT, the pipeline (the task and the NOTIFY), RELEASE SAVEPOINT
+        assert trips == 3, trips
+    assert TaskRecord.objects.filter(pk=result.id).exists()
+
+
+def test_a_saved_row_gets_its_unit_and_announcement_in_one_round_trip(postgres, tmp_path):
+    """``post_save``: the PENDING execution(s) and the NOTIFY are sent together, after the
+    row's own INSERT (autocommit: one implicit transaction for both)."""
+    row, trips = round_trips(lambda: Solo.objects.create(), tmp_path)
+    assert trips == 2, trips  # Django's INSERT, then ours
+    assert Execution.objects.filter(worker="solo", source_id=str(row.pk),
+                                    state=State.PENDING).exists()
+
+
+def test_a_saved_row_is_pending_for_every_worker_of_its_model():
+    item = Item.objects.create(kind="touch")
+    pending = set(Execution.objects.filter(source_id=str(item.pk)).values_list("worker",
+                                                                              flat=True))
+    assert {w.name for w in workers.for_model(Item)} == pending
+
+
+def test_a_unit_managing_its_own_transactions_records_in_one_statement(
+        postgres, tmp_path, monkeypatch):
+    """``transactional=False`` and no sibling worker: the record is one UPDATE in
+    autocommit (no BEGIN and COMMIT of its own): the read and the record, two round trips."""
+    monkeypatch.setattr(workers["tag"], "transactional", False)
+    row = Tag.objects.create(code="a")
+    c = _claim("tag", row.pk)
+    result, trips = round_trips(lambda: run(c), tmp_path)
+    assert result.outcome == "finished", result
+    assert trips == 2, trips
+    assert workers["tag"].state(row.pk)["execution_status"] == ExecutionStatus.FINISHED
+
+
+def test_a_unit_managing_its_own_transactions_is_fenced_alone_too(monkeypatch):
+    monkeypatch.setattr(workers["tag"], "transactional", False)
+    row = Tag.objects.create(code="b")
+    old = _claim("tag", row.pk)
+    Execution.objects.filter(pk=old.execution_id).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert store.reap(max_crashes=3) == 1
+    new = _claim("tag", row.pk)
+    assert run(old).outcome == "lease_lost"
+    assert Execution.objects.get(pk=new.execution_id).token == new.token
+    assert run(new).outcome == "finished"
+
+
+def test_a_keyed_claim_sends_begin_with_its_first_read_and_commit_with_its_update(
+        postgres, tmp_path):
+    from psycopg.pq import TransactionStatus
+
+    from django_dbworker.tasks import concurrency
+    from tests.testapp.concurrency_tasks import conc_account
+
+    conc_account.enqueue("k", 0)
+    claims, sent = queries_sent(
+        lambda: concurrency.claim(None, 5, Claimant(), 30), tmp_path)
+    assert len(claims) == 1, claims
+    assert sent[0].startswith("BEGIN; SELECT "), sent
+    assert sent[-1].endswith("; COMMIT") and "UPDATE" in sent[-1], sent
+    assert not [q for q in sent if q.strip() in ("BEGIN", "COMMIT")], sent
+    assert connection.connection.pgconn.transaction_status == TransactionStatus.IDLE
+    assert TaskRecord.objects.get(pk=claims[0].task_id).status == "RUNNING"
+    _, trips = round_trips(lambda: concurrency.claim(None, 5, Claimant(), 30), tmp_path)
+    assert trips == 2, trips  # nothing left to claim: BEGIN with the read, then COMMIT
+
+
+def test_a_keyed_claim_inside_a_transaction_leaves_commit_to_it(postgres, tmp_path):
+    from django_dbworker.tasks import concurrency
+    from tests.testapp.concurrency_tasks import conc_account
+
+    conc_account.enqueue("k", 0)
+    with transaction.atomic():
+        Item.objects.create(action="before")
+        claims, sent = queries_sent(
+            lambda: concurrency.claim(None, 5, Claimant(), 30), tmp_path)
+        assert len(claims) == 1
+        assert not any("COMMIT" in q for q in sent), sent
+        transaction.set_rollback(True)
+    assert TaskRecord.objects.get().status == "READY", "rolled back with the caller's"
+
+
+def test_a_keyed_claim_of_rows_commits_with_its_update(postgres, tmp_path, request):
+    from django_dbworker import Finished
+    from django_dbworker.registry import worker as declare
+    from django_dbworker.rows import concurrency
+
+    def keyed_rows(item):
+        return Finished()
+
+    worker = declare(keyed_rows, source=Item, eligible=Item.objects.filter(kind="conc_rows"),
+                     concurrency_limit=2, concurrency_key="action")
+    request.addfinalizer(lambda: workers.remove("keyed_rows"))
+    item = Item.objects.create(kind="conc_rows", action="a")
+    claims, sent = queries_sent(
+        lambda: concurrency.claim(worker, 5, Claimant(), 30), tmp_path)
+    assert [c.source_key for c in claims] == [str(item.pk)]
+    assert sent[0].startswith("BEGIN; SELECT "), sent
+    assert sent[-1].endswith("; COMMIT"), sent
+    assert Execution.objects.get(pk=claims[0].execution_id).state == State.WORKING
+
+
+def test_a_named_cursor_first_in_the_block_gets_begin_as_psycopg_sends_it(postgres, tmp_path):
+    """``iterator()`` reads through a named cursor (DECLARE ... CURSOR FOR its query): the
+    BEGIN cannot go in that query, so it goes alone, and the block works as ever."""
+    from django_dbworker.db import engine
+
+    Item.objects.create(action="a")
+    Item.objects.create(action="b")
+
+    def read():
+        with transaction.atomic(), engine().begun_with_first_statement(connection):
+            first = [i.action for i in Item.objects.order_by("pk").iterator(chunk_size=1)]
+            return [*first, Item.objects.count()]
+
+    seen, sent = queries_sent(read, tmp_path)
+    assert seen == ["a", "b", 2], seen
+    assert not any(q.startswith("BEGIN;") for q in sent), sent
+
+
+def test_a_renewal_round_sends_begin_with_its_lock_timeout(postgres, tmp_path):
+    """The renewer's transaction (``lock_wait_scope``): ``SET LOCAL lock_timeout`` goes
+    with BEGIN, and holds for the statements of the round."""
+    from django_dbworker.db import engine
+
+    engine().bound_lock_waits(connection, 2.0)
+
+    def round_():
+        with engine().lock_wait_scope(connection), connection.cursor() as cursor:
+            renewed = store.renew(Claimant(), 30)
+            cursor.execute("SHOW lock_timeout")
+            return renewed, cursor.fetchone()[0]
+
+    try:
+        (renewed, timeout), sent = queries_sent(round_, tmp_path)
+    finally:
+        del connection._dbworker_lock_wait
+    assert renewed == 0 and timeout == "2s", (renewed, timeout)
+    assert sent[0].startswith("BEGIN") and sent[0].endswith("SET LOCAL lock_timeout = 2000"), sent
+    assert "BEGIN" not in [q.strip() for q in sent], sent
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0", "SET LOCAL: only for the round"

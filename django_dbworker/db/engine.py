@@ -226,6 +226,24 @@ class Engine:
         the engine can; only for statements whose results nobody reads."""
         yield
 
+    def begun_with_first_statement(self, connection: BaseDatabaseWrapper) -> Any:
+        """Inside ``transaction.atomic()``, before its first statement: the transaction's
+        BEGIN goes with that statement, where the engine can (a round trip less)."""
+        return contextlib.nullcontext()
+
+    def committed_with_statement(self, connection: BaseDatabaseWrapper) -> Any:
+        """Around the last statement of the outermost ``transaction.atomic()`` block (one
+        statement, whose results are read after it ran): COMMIT goes with it where the
+        engine can, and the block's end then has nothing left to commit."""
+        return contextlib.nullcontext()
+
+    def one_transaction(self, connection: BaseDatabaseWrapper) -> Any:
+        """Statements of the block, whose results nobody reads, run in one transaction: the
+        caller's (a savepoint of it), or one of their own; an exception rolls all of them
+        back. Here ``transaction.atomic()``; an engine may send them together and spare the
+        round trips of BEGIN and COMMIT."""
+        return transaction.atomic(using=connection.alias)
+
     # ----- the transaction of a transactional handler ----------------------------------
 
     #: SQL of a value that changes when the transaction ends and another begins, read by

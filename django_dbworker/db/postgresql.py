@@ -58,7 +58,8 @@ class PostgreSQL(Engine):
             yield
             return
         with transaction.atomic(using=connection.alias):
-            with connection.cursor() as cursor:
+            with self.begun_with_first_statement(connection), connection.cursor() as cursor:
+                # BEGIN goes with it: a round trip less per renewal round
                 cursor.execute(f"SET LOCAL lock_timeout = {max(1, int(seconds * 1000))}")
             yield
 
@@ -141,19 +142,91 @@ class PostgreSQL(Engine):
         block then rolls all of them back."""
         connection.ensure_connection()
         raw = connection.connection
-        try:
-            import psycopg
-            from psycopg import Pipeline
-        except ImportError:  # psycopg2
-            yield
-            return
-        if not Pipeline.is_supported() or not isinstance(raw, psycopg.Connection):
+        if not _pipelines(raw):
             yield
             return
         # An error the pipeline's end fetches comes from psycopg, not from Django's cursor:
         # raised as Django's own (IntegrityError, ...), as errors from execute() are.
         with connection.wrap_database_errors, raw.pipeline():
             yield
+
+    @contextlib.contextmanager
+    def begun_with_first_statement(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
+        """The block's first statement goes as ``execute_first`` sends it: with BEGIN, in
+        one query, where client-side binding allows (else as ever). Only that statement:
+        an ``execute_wrapper`` that steps aside once it has run (what Django records of
+        the query, ``connection.queries``, is the statement as it was asked for)."""
+        sent = False
+
+        def first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            nonlocal sent
+            if sent or many:
+                return execute(sql, params, many, context)
+            sent = True
+            cursor = context["cursor"]
+            raw = _beginning(cursor)
+            if raw is None or not _client_side(cursor):  # not a named (server-side) cursor
+                return execute(sql, params, many, context)
+            begin = raw._get_tx_start_command().decode()
+            raw._autocommit = True  # for this query only, as in execute_first
+            try:
+                result = execute(f"{begin}; {sql}", params, many, context)
+            finally:
+                raw._autocommit = False
+            cursor.nextset()
+            return result
+
+        with connection.execute_wrapper(first):
+            yield
+
+    @contextlib.contextmanager
+    def committed_with_statement(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
+        """``; COMMIT`` after the block's statement, in the same query, with client-side
+        binding, in the outermost atomic block that nothing marked for rollback (else the
+        statement runs as it is). The cursor is left at the statement's own result; a
+        statement that fails stops the query before COMMIT, and the block rolls back as
+        ever. Django's commit at the block's end then finds no transaction (psycopg sends
+        nothing)."""
+        if not (binds_on_client(connection) and len(connection.atomic_blocks) == 1
+                and connection.commit_on_exit and not connection.needs_rollback
+                and not connection.savepoint_ids):
+            yield
+            return
+        sent = False
+
+        def then_commit(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            nonlocal sent
+            if sent or many:
+                return execute(sql, params, many, context)
+            sent = True
+            return execute(f"{sql}; COMMIT", params, many, context)
+
+        with connection.execute_wrapper(then_commit):
+            yield
+
+    @contextlib.contextmanager
+    def one_transaction(self, connection: BaseDatabaseWrapper) -> Iterator[None]:
+        """Outside a transaction (autocommit), with psycopg 3's pipeline: no BEGIN and no
+        COMMIT, the statements go without waiting and the server runs those sent before
+        the pipeline's Sync as one implicit transaction, committed at the Sync: one round
+        trip in all, where ``atomic()`` and a pipeline take three (psycopg waits for its
+        BEGIN; COMMIT waits). An exception in the block queues a ROLLBACK before the Sync
+        (the server warns that no transaction is in progress, and rolls the implicit one
+        back). Inside a transaction: a savepoint (``atomic()``) and the pipeline."""
+        connection.ensure_connection()
+        raw = connection.connection
+        if not connection.get_autocommit() or not _pipelines(raw):
+            with transaction.atomic(using=connection.alias), self.pipelined(connection):
+                yield
+            return
+        with connection.wrap_database_errors, raw.pipeline():
+            try:
+                yield
+            except BaseException:
+                # An error of the server's has aborted the pipeline: it rolls back anyway.
+                with contextlib.suppress(Exception):
+                    raw.execute("ROLLBACK")
+                raise
 
     # ----- the transaction of a transactional handler ----------------------------------
 
@@ -480,6 +553,16 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _pipelines(raw: Any) -> bool:
+    """Whether ``raw`` is a psycopg 3 connection whose libpq has pipeline mode."""
+    try:
+        import psycopg
+        from psycopg import Pipeline
+    except ImportError:  # psycopg2
+        return False
+    return bool(Pipeline.is_supported()) and isinstance(raw, psycopg.Connection)
+
+
 def binds_on_client(connection: BaseDatabaseWrapper) -> bool:
     """Whether the cursors of ``connection`` (open) are psycopg 3's with client-side binding
     (Django's default): their queries go with the simple protocol, so one query may hold
@@ -532,6 +615,14 @@ def execute_first(cursor: Any, sql: str, params: Sequence[Any], *,
     finally:
         raw._autocommit = False
     cursor.nextset()
+
+
+def _client_side(cursor: Any) -> bool:
+    """Whether Django's ``cursor`` wraps a psycopg client-side-binding cursor (not a named
+    cursor of ``iterator()``, whose query psycopg wraps in DECLARE)."""
+    import psycopg
+
+    return isinstance(getattr(cursor, "cursor", None), psycopg.ClientCursor)
 
 
 def _beginning(cursor: Any) -> Any:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models, transaction
 from django.utils import timezone
 
+from ..db import engine_for
 from ..exceptions import InvalidWorker
 from ..models import Execution
 from ..tasks.concurrency import MAX_LIMIT, lock_slots
@@ -116,7 +117,8 @@ def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[
     connection = connections[using]
     now = timezone.now()
     per_key = worker.concurrency_limit or 1
-    with transaction.atomic(using=using):
+    with (transaction.atomic(using=using),
+          engine_for(connection).begun_with_first_statement(connection)):
         chosen: list[Any] = []
         passed: list[Any] = []  # candidates that do not fit now
         held: set[str] = set()
@@ -167,9 +169,8 @@ def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[
         parts = replace(parts, candidates=(
             f"SELECT {quote('id')} FROM {quote(Execution._meta.db_table)} "
             f"WHERE {quote('id')} IN ({marks})"), candidate_params=list(chosen), index=None)
-        from ..db import engine_for
-
-        with connection.cursor() as cursor:
+        with (engine_for(connection).committed_with_statement(connection),
+              connection.cursor() as cursor):
             rows = engine_for(connection).claim(cursor, parts)
     position = {pk: i for i, pk in enumerate(chosen)}
     rows = sorted(rows, key=lambda row: position[row[0]])

@@ -118,8 +118,17 @@ def add_siblings(worker: Worker, source_key: str, using: str) -> None:
     siblings = [w for w in workers.for_model(worker.source) if w.name != worker.name]
     if siblings:
         pk = keys.from_key(worker.source, source_key)
-        for sibling in siblings:
-            add(sibling, [pk], using)
+        _add_and_announce(siblings, pk, using)
+
+
+def _add_and_announce(interested: list[Worker], pk: Any, using: str) -> None:
+    """``pk`` pending for each of ``interested``, then the announcement: sent together
+    where the engine can (``Engine.pipelined``: one round trip on PostgreSQL, not one per
+    statement); in the caller's transaction, or (autocommit) one of their own."""
+    connection = connections[using]
+    with engine_for(connection).pipelined(connection):
+        for worker in interested:
+            add(worker, [pk], using)
         notify.announce(using, "rows")
 
 
@@ -160,9 +169,7 @@ def on_save(sender: type[models.Model], instance: models.Model, raw: bool, using
     if engine_for(connection).one_query(connection, [*statements, *filter(None, [announce])],
                                         durable=False):
         return
-    for worker in interested:
-        add(worker, [instance.pk], using)
-    notify.announce(using, "rows")
+    _add_and_announce(interested, instance.pk, using)
 
 
 def on_delete(sender: type[models.Model], instance: models.Model, using: str,

@@ -172,13 +172,16 @@ def claim(
         return []
     using = conf.get().DATABASE
     now = timezone.now()
-    with transaction.atomic(using=using):
+    connection = connections[using]
+    with (transaction.atomic(using=using),
+          engine(using).begun_with_first_statement(connection)):
         paused = tuple(sorted(exclude_queues)) if queues is None else ()
         chosen, held = _choose(using, now, queues, limit, only_path, tuple(exclude_paths),
                                paused)
         if not chosen:
             return []
-        claims = store.claim_ids(chosen, claimant, lease, now, held=held)
+        with engine(using).committed_with_statement(connection):  # the claim's UPDATE
+            claims = store.claim_ids(chosen, claimant, lease, now, held=held)
     position = {pk: i for i, pk in enumerate(chosen)}
     return sorted(claims, key=lambda c: position[c.task_id])
 

@@ -148,9 +148,12 @@ def insert_batches(batches: Iterable[tuple[list[newtasks.NewTask], str | None]])
     soon as ``batches`` gives it, and the server stores it while the next is built, so the
     Python work per row and the server's run side by side instead of one after the other.
     An exception from ``batches`` (a call that is not JSON) or from the server rolls every
-    batch back."""
+    batch back. Outside a transaction, no BEGIN and COMMIT of their own there: the
+    pipeline's statements are one implicit transaction (``Engine.one_transaction``), so an
+    ``enqueue()`` costs one round trip."""
     using = _alias()
-    with transaction.atomic(using=using), engine(using).pipelined(connections[using]):
+    connection = connections[using]
+    with engine(using).one_transaction(connection):
         for rows, payload in batches:
             newtasks.insert(rows, using, payload)
         notify.announce(using, "task")
