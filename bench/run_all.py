@@ -137,6 +137,7 @@ def main() -> None:
               f"{round(time.monotonic() - started)} s "
               f"{'for ' + ', '.join(only) + ', run again now' if only else 'in all'}; "
               f"{steal_text(steal)}.\n\n")
+    table += distance_text()
     (benchlib.RESULTS / "summary.md").write_text(header + table + "\n")
     print(header + table)
     print(f"\nwritten: {Path('bench/results/summary.md')}, bench/results/summary.json")
@@ -144,6 +145,25 @@ def main() -> None:
         for readme in README_TABLES:
             put_table(readme, header + table)
             print(f"written: the table in {readme.relative_to(benchlib.ROOT)}")
+
+
+def distance_text() -> str:
+    """The last ``distance.py`` sweep (``--distance``, or run on its own) as a second
+    table under the summary, with when and how it ran; nothing if it never ran."""
+    path = benchlib.RESULTS / "distance.json"
+    if not path.exists():
+        return ""
+    found = json.loads(path.read_text())
+    loads = found.get("loadavg_1m_5m_15m", {})
+    config = found.get("config", {})
+    return (
+        f"\n\nAcross a network (`bench/distance.py`, {found['created_at'][:16]} UTC, "
+        f"{found['seconds']:.0f} s, load average {loads.get('start', ['?'])[0]} at the "
+        f"start): {config.get('jobs', '?'):,} no-op jobs, two workers, each system's "
+        "database (a private PostgreSQL, Redis for Celery) behind a forwarder adding the "
+        "round-trip time in a network namespace of its own; round trips counted by the "
+        "forwarder, statements by pg_stat_statements; idle latency from the caller's side."
+        f"\n\n{found['table'].strip()}")
 
 
 #: Files that show the latest summary between the two ``MARKERS`` lines; run_all rewrites
@@ -198,6 +218,10 @@ def summary(found: dict[str, Any]) -> str:
     rows: list[list[Any]] = []
     throughput = {r["db"]: r for r in found["throughput"]["results"]}
     postgres = throughput.get("postgres")
+    # Rows as users load them (bulk_create(), save()) first; the precreated units of
+    # throughput.py are a shortcut, shown after the tasks, never as the headline.
+    rows += row_feed_rows(found.get("row_feeds"))
+    shortcuts: list[list[Any]] = []
     for db, r in throughput.items():
         raw = r["raw"]["per_s"]
         rows.append([db, "raw SQL, 1 row per transaction, 2 processes (reference)",
@@ -214,10 +238,10 @@ def summary(found: dict[str, Any]) -> str:
                 target = MARIADB_TARGET
                 if postgres:
                     compared += f"; {f['per_s'] / postgres[kind]['per_s']:.0%} of PostgreSQL"
-            rows.append([db, label, f"{f['per_s']:,}/s (net {f['net_per_s']:,}/s)",
-                         compared,
-                         vs_peers(f["per_s"], peers, PEER_COMPARISON[db], "drain"), target])
-    rows += row_feed_rows(found.get("row_feeds"))
+            (shortcuts if kind == "rows" else rows).append(
+                [db, label, f"{f['per_s']:,}/s (net {f['net_per_s']:,}/s)", compared,
+                 vs_peers(f["per_s"], peers, PEER_COMPARISON[db], "drain"), target])
+    rows += shortcuts
     for r in found["enqueue"]["results"]:
         rows.append([r["db"], f"enqueue_many of {r['tasks']:,} tasks",
                      f"{r['many_per_s']:,} tasks/s ({r['many_args_per_s']:,}/s with arguments)",
