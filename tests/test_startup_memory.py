@@ -135,3 +135,44 @@ def test_run_forked_names_an_exception_that_does_not_pickle():
 def test_run_forked_says_so_when_the_check_process_dies():
     with pytest.raises(CommandError, match=r"ended without an answer .*manage.py check"):
         run_forked(lambda: os._exit(3))
+
+
+def _command(stdout=None):
+    from django.core.management.base import OutputWrapper
+
+    from django_dbworker.management.commands.runworkers import Command
+
+    command = Command()
+    command.stdout = OutputWrapper(stdout or sys.stdout)
+    command.stderr = OutputWrapper(sys.stderr)
+    return command
+
+
+def test_checks_run_here_when_the_output_goes_to_a_buffer_or_threads_run():
+    """A fork would lose what it writes to a call_command(stdout=StringIO) buffer, and may
+    deadlock a process with threads: the checks then run in this process, as Django's."""
+    import io
+    import threading
+
+    ran: list[int] = []
+    _command(io.StringIO())._checked(lambda: ran.append(os.getpid()))
+    assert ran == [os.getpid()]
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        _command()._checked(lambda: ran.append(os.getpid()))
+    finally:
+        stop.set()
+        thread.join()
+    assert ran == [os.getpid(), os.getpid()]
+
+
+def test_checks_run_in_a_fork_in_a_process_of_one_thread_writing_to_its_own_streams():
+    import threading
+
+    if threading.active_count() != 1:
+        pytest.skip("this test process runs threads")
+    ran: list[int] = []
+    _command()._checked(lambda: ran.append(os.getpid()))
+    assert ran == [], "it ran in the fork: its list is the fork's"

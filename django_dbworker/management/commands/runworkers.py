@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
 from typing import Any, TextIO, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -134,12 +136,25 @@ class Command(BaseCommand):
     def check(self, *args: Any, **kwargs: Any) -> None:
         """Django's system checks, in a forked process (``forked``): what they import does
         not stay in the supervisor and its children."""
-        run_forked(lambda: super(Command, self).check(*args, **kwargs))
+        self._checked(lambda: super(Command, self).check(*args, **kwargs))
 
     def _check_migrations(self, using: str) -> None:
         """No unapplied migrations, in a forked process: every app's migrations are
         imported to tell, and need not stay in the supervisor and its children."""
-        run_forked(lambda: self._unapplied_migrations(using))
+        self._checked(lambda: self._unapplied_migrations(using))
+
+    def _checked(self, check: Any) -> None:
+        """``check`` in a forked process where that is safe and loses nothing: a process
+        with one thread (forking one with more may deadlock the fork on a lock another
+        thread held) whose output goes to its own stdout and stderr (a ``call_command``
+        writing to a buffer would not get what the fork wrote); else here, as Django
+        does."""
+        own_streams = all(getattr(wrapper, "_out", None) in (sys.stdout, sys.stderr)
+                          for wrapper in (self.stdout, self.stderr))
+        if threading.active_count() == 1 and own_streams and hasattr(os, "fork"):
+            run_forked(check)
+        else:
+            check()
 
     def _unapplied_migrations(self, using: str) -> None:
         from django.db import DatabaseError, connections
