@@ -168,11 +168,24 @@ def test_checks_run_here_when_the_output_goes_to_a_buffer_or_threads_run():
     assert ran == [os.getpid(), os.getpid()]
 
 
-def test_checks_run_in_a_fork_in_a_process_of_one_thread_writing_to_its_own_streams():
-    import threading
+IN_A_FORK = """
+import os, sys, django
+django.setup()
+from django.core.management.base import OutputWrapper
+from django_dbworker.management.commands.runworkers import Command
+command = Command()
+command.stdout, command.stderr = OutputWrapper(sys.stdout), OutputWrapper(sys.stderr)
+command._checked(lambda: print("check ran in", os.getpid(), flush=True))
+print("command in", os.getpid(), flush=True)
+"""
 
-    if threading.active_count() != 1:
-        pytest.skip("this test process runs threads")
-    ran: list[int] = []
-    _command()._checked(lambda: ran.append(os.getpid()))
-    assert ran == [], "it ran in the fork: its list is the fork's"
+
+def test_checks_run_in_a_fork_in_a_process_of_one_thread_writing_to_its_own_streams():
+    # A fresh process (this one runs threads by now): one thread, its own streams.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    done = subprocess.run([sys.executable, "-c", IN_A_FORK], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    pids = dict(line.rsplit(" in ", 1) for line in done.stdout.split("\n") if " in " in line)
+    assert set(pids) == {"check ran", "command"}, done.stdout
+    assert pids["check ran"] != pids["command"], "the check ran in a fork of its own"
