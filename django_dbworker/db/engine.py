@@ -287,6 +287,15 @@ class Engine:
 
     # ----- claims -----------------------------------------------------------------------
 
+    def candidate_ids(self, cursor: Any, claim: Claim) -> list[Any]:
+        """The ids ``claim`` takes: those the caller holds already (``claim.ids``), else
+        what its candidates' statement selects."""
+        if claim.ids is not None:
+            return list(claim.ids)
+        sql, params = self.claim_statement(claim)
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
     def claim(self, cursor: Any, claim: Claim) -> list[tuple[Any, ...]]:
         """Claim the candidates of ``claim``; the rows it returns, in the candidates' order
         (a batch keeps eligible's order and the tasks' priority order). Run in the
@@ -296,12 +305,7 @@ class Engine:
         the ids' positions; the caller's transaction holds them meanwhile (locked by ``FOR
         UPDATE``, or by the database's only write lock); no SELECT when it holds them
         already (``claim.ids``)."""
-        if claim.ids is not None:
-            ids = list(claim.ids)
-        else:
-            sql, params = self.claim_statement(claim)
-            cursor.execute(sql, params)
-            ids = [row[0] for row in cursor.fetchall()]
+        ids = self.candidate_ids(cursor, claim)
         if not ids:
             return []
         marks = ", ".join(["%s"] * len(ids))

@@ -98,12 +98,7 @@ class MySQL(Engine):
         """The candidates' ids (``FOR UPDATE SKIP LOCKED``: ours until the commit), one
         UPDATE of those ids, then what the claim returns of them, in the candidates' order;
         no SELECT when the caller holds the candidates already (``claim.ids``)."""
-        if claim.ids is not None:
-            ids = list(claim.ids)
-        else:
-            sql, params = self.claim_statement(claim)
-            cursor.execute(sql, params)
-            ids = [row[0] for row in cursor.fetchall()]
+        ids = self.candidate_ids(cursor, claim)
         if not ids:
             return []
         marks = ", ".join(["%s"] * len(ids))

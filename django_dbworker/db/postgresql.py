@@ -156,13 +156,8 @@ class PostgreSQL(Engine):
         one query, where client-side binding allows (else as ever). Only that statement:
         an ``execute_wrapper`` that steps aside once it has run (what Django records of
         the query, ``connection.queries``, is the statement as it was asked for)."""
-        sent = False
 
-        def first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-            nonlocal sent
-            if sent or many:
-                return execute(sql, params, many, context)
-            sent = True
+        def with_begin(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
             cursor = context["cursor"]
             raw = _beginning(cursor)
             if raw is None or not _client_side(cursor):  # not a named (server-side) cursor
@@ -176,7 +171,7 @@ class PostgreSQL(Engine):
             cursor.nextset()
             return result
 
-        with connection.execute_wrapper(first):
+        with _first_statement(connection, with_begin):
             yield
 
     @contextlib.contextmanager
@@ -192,16 +187,11 @@ class PostgreSQL(Engine):
                 and not connection.savepoint_ids):
             yield
             return
-        sent = False
 
         def then_commit(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-            nonlocal sent
-            if sent or many:
-                return execute(sql, params, many, context)
-            sent = True
             return execute(f"{sql}; COMMIT", params, many, context)
 
-        with connection.execute_wrapper(then_commit):
+        with _first_statement(connection, then_commit):
             yield
 
     @contextlib.contextmanager
@@ -551,6 +541,24 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     return value
+
+
+@contextlib.contextmanager
+def _first_statement(connection: BaseDatabaseWrapper, send: Any) -> Iterator[None]:
+    """An ``execute_wrapper`` that lets ``send`` (an execute wrapper's signature) send the
+    block's first single statement, then steps aside: the statements after it, and an
+    ``executemany``, go as they are."""
+    sent = False
+
+    def first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal sent
+        if sent or many:
+            return execute(sql, params, many, context)
+        sent = True
+        return send(execute, sql, params, many, context)
+
+    with connection.execute_wrapper(first):
+        yield
 
 
 def _pipelines(raw: Any) -> bool:
