@@ -42,6 +42,9 @@ class Config:
     PREPARED_STATEMENTS: bool = True
     #: Seconds running handlers get to finish after SIGTERM before they are cut off.
     GRACE_PERIOD: float = 30.0
+    #: Seconds runworkers keeps trying to reach the database at start-up (a database
+    #: starting beside it, failing over, a dropped connection) before it gives up; 0: once.
+    STARTUP_WAIT: float = 60.0
     #: Times a unit may kill its process (or lose its lease) before it is marked FAILED.
     MAX_CRASHES: int = 3
     #: Seconds between passes that find source rows written without ``Model.save()``

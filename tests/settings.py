@@ -105,6 +105,8 @@ if os.environ.get("DBWORKER_TEST_CHILD_MAX_MEMORY_MB"):  # test_poison_processes
     DBWORKER["CHILD_MAX_MEMORY_MB"] = int(os.environ["DBWORKER_TEST_CHILD_MAX_MEMORY_MB"])
 if os.environ.get("DBWORKER_TEST_ASYNC_CONCURRENCY"):  # test_async_units: the bound
     DBWORKER["ASYNC_CONCURRENCY"] = int(os.environ["DBWORKER_TEST_ASYNC_CONCURRENCY"])
+if os.environ.get("DBWORKER_TEST_STARTUP_WAIT"):  # test_startup_wait: how long it tries
+    DBWORKER["STARTUP_WAIT"] = float(os.environ["DBWORKER_TEST_STARTUP_WAIT"])
 if os.environ.get("DBWORKER_TEST_CRON"):  # the cron process test turns this schedule on
     DBWORKER["SCHEDULES"] = {
         "every_second": {"task": "tests.testapp.tasks.tick", "cron": "* * * * * */1"},

@@ -259,11 +259,53 @@ def test_chaos_soak_exactly_one_effect_per_unit(runworkers):
     # no handler yet, and SIGTERM ends it the default way (-15) before it claimed anything.
     # What is checked here is the graceful stop of running supervisors: wait until each is
     # up (its heartbeat row, written once its signal handlers are in place).
+    try:
+        wait_for(lambda: SupervisorRow.objects.filter(
+            pid__in=[rw.pid for rw in supervisors], stopped_at__isnull=True,
+        ).count() == len(supervisors), timeout=30, what="every supervisor running")
+    except AssertionError:
+        running = set(SupervisorRow.objects.filter(stopped_at__isnull=True)
+                      .values_list("pid", flat=True))
+        raise AssertionError("not running:\n" + "\n".join(
+            f"pid {rw.pid}, exit code {rw.process.poll()}, supervisor rows "
+            f"{list(SupervisorRow.objects.filter(pid=rw.pid).values('stopped_at', 'exit_code'))}"
+            f":\n{rw.output()[-3000:]}" for rw in supervisors if rw.pid not in running)
+        ) from None
+    for rw in supervisors:
+        assert rw.process.poll() is None, rw.output()[-3000:]
+        rw.signal(signal.SIGTERM)
+    for rw in supervisors:
+        assert rw.wait(40) == 0, rw.output()[-3000:]
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no connections to drop")
+def test_supervisors_come_up_while_connections_drop(runworkers):
+    """runworkers started while every connection to the database is dropped again and again
+    (a database failing over, a pooler restarting) retries its start-up instead of exiting:
+    once the drops stop, each one is up and stops gracefully."""
+    terminate = _terminator()
+    halt = threading.Event()
+
+    def drop_connections() -> None:
+        while not halt.wait(0.15):
+            with contextlib.suppress(Exception):  # racing the server's own clean-up
+                terminate()
+
+    dropper = threading.Thread(target=drop_connections, daemon=True)
+    dropper.start()
+    try:
+        supervisors = [runworkers("--worker", "touch", "--queue", "default", lease=LEASE)
+                       for _ in range(3)]
+        time.sleep(8)
+    finally:
+        halt.set()
+        dropper.join(10)
+    for rw in supervisors:
+        assert rw.process.poll() is None, rw.output()[-3000:]
     wait_for(lambda: SupervisorRow.objects.filter(
         pid__in=[rw.pid for rw in supervisors], stopped_at__isnull=True,
     ).count() == len(supervisors), timeout=30, what="every supervisor running")
     for rw in supervisors:
-        assert rw.process.poll() is None, rw.output()[-3000:]
         rw.signal(signal.SIGTERM)
     for rw in supervisors:
         assert rw.wait(40) == 0, rw.output()[-3000:]

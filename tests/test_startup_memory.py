@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from django.core.management.base import CommandError
 
-from django_dbworker.management.forked import run_forked
+from django_dbworker.management.forked import CheckProcessKilled, run_forked
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,3 +191,37 @@ def test_checks_run_in_a_fork_in_a_process_of_one_thread_writing_to_its_own_stre
     pids = dict(line.rsplit(" in ", 1) for line in done.stdout.split("\n") if " in " in line)
     assert set(pids) == {"check ran", "command"}, done.stdout
     assert pids["check ran"] != pids["command"], "the check ran in a fork of its own"
+
+
+def test_run_forked_tells_a_killed_check_process_apart():
+    """Killed by a signal before it answered (the OOM killer, a kill -9 of the supervisor's
+    children): nothing is known of the checks, so it is not a check failure."""
+    with pytest.raises(CheckProcessKilled, match=r"killed by SIGKILL .*manage.py check") as e:
+        run_forked(lambda: os.kill(os.getpid(), signal.SIGKILL))
+    assert e.value.signal_name == "SIGKILL"
+
+
+@pytest.mark.processes
+def test_runworkers_comes_up_when_its_check_process_is_killed(runworkers):
+    """A kill -9 of every child of a starting supervisor hits the checks' process: the
+    checks then run in the supervisor itself, which comes up and serves as ever."""
+    from django_dbworker.models import Execution, State
+    from tests.conftest import wait_for
+    from tests.testapp.models import Item
+
+    rw = runworkers("--worker", "touch")
+    killed: list[int] = []
+    deadline = time.monotonic() + 60
+    while not killed and rw.process.poll() is None and time.monotonic() < deadline:
+        for pid in rw.children():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        time.sleep(0.005)
+    assert killed, rw.output()
+    item = Item.objects.create()
+    wait_for(lambda: Execution.objects.filter(worker="touch", source_id=str(item.pk),
+                                              state=State.FINISHED).exists(),
+             what="the row processed")
+    assert rw.process.poll() is None
+    assert "checks' process was killed by SIGKILL; running the checks in this process" in (
+        rw.output())

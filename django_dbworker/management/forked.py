@@ -14,11 +14,27 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import sys
 from collections.abc import Callable
 
 from django.core.management.base import CommandError
 from django.db import connections
+
+
+class CheckProcessKilled(CommandError):
+    """The checks' process was killed by a signal before it answered (the OOM killer, a
+    ``kill -9`` aimed at the supervisor's children): nothing is known of the checks, which
+    the caller may run again in its own process."""
+
+    def __init__(self, signum: int) -> None:
+        try:
+            self.signal_name = signal.Signals(signum).name
+        except ValueError:
+            self.signal_name = f"signal {signum}"
+        super().__init__(f"runworkers' start-up checks were killed by {self.signal_name} "
+                         "before they answered; run 'manage.py check' to see whether they "
+                         "pass.")
 
 
 def run_forked(check: Callable[[], object]) -> None:
@@ -41,6 +57,8 @@ def run_forked(check: Callable[[], object]) -> None:
     finally:
         _, status = os.waitpid(pid, 0)
     if not found:
+        if os.WIFSIGNALED(status):
+            raise CheckProcessKilled(os.WTERMSIG(status))
         raise CommandError(f"runworkers' start-up checks ended without an answer (wait "
                            f"status {status}); run 'manage.py check' to see why.")
     raised = pickle.loads(found)

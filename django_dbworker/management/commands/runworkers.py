@@ -6,8 +6,10 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any, TextIO, cast
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import autodiscover_modules
 
@@ -18,11 +20,14 @@ from django_dbworker.djtasks import task_backends
 from django_dbworker.embedding import die_with_parent
 from django_dbworker.exceptions import UnknownWorker
 from django_dbworker.logs import JsonFormatter
-from django_dbworker.management.forked import run_forked
+from django_dbworker.management.forked import CheckProcessKilled, run_forked
 from django_dbworker.registry import workers
 from django_dbworker.supervisor.supervisor import Options, Supervisor
 
 LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+#: Seconds between start-up attempts to reach the database: doubling from the first.
+FIRST_STARTUP_RETRY, LAST_STARTUP_RETRY = 0.5, 5.0
+
 
 
 class Command(BaseCommand):
@@ -76,7 +81,7 @@ class Command(BaseCommand):
         if not 0 <= grace <= conf.MAX_SECONDS:  # NaN too: it would never end
             raise CommandError(f"--grace-period {grace}: give 0 or more seconds, at most "
                                f"{conf.MAX_SECONDS:.0f} (one year).")
-        self._check_migrations(config.DATABASE)
+        self._check_migrations(config.DATABASE, config.STARTUP_WAIT)
         log_format = options["log_format"] or config.LOG_FORMAT
         self._configure_logging(options["verbosity"], log_format)
         # OutputWrapper's own stream (Django's _out, which django-stubs do not declare).
@@ -135,13 +140,47 @@ class Command(BaseCommand):
 
     def check(self, *args: Any, **kwargs: Any) -> None:
         """Django's system checks, in a forked process (``forked``): what they import does
-        not stay in the supervisor and its children."""
-        self._checked(lambda: super(Command, self).check(*args, **kwargs))
+        not stay in the supervisor and its children. Some read the database (MariaDB's
+        server settings): one that cannot be reached is tried again (``_reaching``)."""
+        try:
+            config = conf.get()
+        except ImproperlyConfigured:  # the checks say what is wrong (E001)
+            self._checked(lambda: super(Command, self).check(*args, **kwargs))
+            return
+        self._reaching(config.DATABASE, config.STARTUP_WAIT,
+                       lambda: super(Command, self).check(*args, **kwargs))
 
-    def _check_migrations(self, using: str) -> None:
+    def _check_migrations(self, using: str, wait: float = 0.0) -> None:
         """No unapplied migrations, in a forked process: every app's migrations are
         imported to tell, and need not stay in the supervisor and its children."""
-        self._checked(lambda: self._unapplied_migrations(using))
+        self._reaching(using, wait, lambda: self._unapplied_migrations(using))
+
+    def _reaching(self, using: str, wait: float, check: Any) -> None:
+        """``check`` (``_checked``), tried again while it fails to reach the database
+        (a database starting beside us, failing over, a dropped connection), for ``wait``
+        seconds (``STARTUP_WAIT``), saying so each time; then a CommandError naming the
+        database and the setting."""
+        from django.db import InterfaceError, OperationalError, connections
+
+        give_up_at = time.monotonic() + wait
+        pause = FIRST_STARTUP_RETRY
+        while True:
+            try:
+                self._checked(check)
+                return
+            except (OperationalError, InterfaceError) as exc:  # the connection, not the SQL
+                reason = str(exc).strip()
+                left = give_up_at - time.monotonic()
+                if left <= 0:
+                    tried = f" (tried for {wait:g} s: DBWORKER['STARTUP_WAIT'])" if wait else ""
+                    raise CommandError(
+                        f"Cannot reach database {using!r}{tried}: {reason}") from exc
+                pause = min(pause, left)
+                self.stderr.write(f"runworkers: cannot reach database {using!r} ({reason}); "
+                                  f"trying again in {pause:g} s")
+                connections[using].close()
+                time.sleep(pause)
+                pause = min(pause * 2, LAST_STARTUP_RETRY)
 
     def _checked(self, check: Any) -> None:
         """``check`` in a forked process where that is safe and loses nothing: a process
@@ -152,19 +191,26 @@ class Command(BaseCommand):
         own_streams = all(getattr(wrapper, "_out", None) in (sys.stdout, sys.stderr)
                           for wrapper in (self.stdout, self.stderr))
         if threading.active_count() == 1 and own_streams and hasattr(os, "fork"):
-            run_forked(check)
+            try:
+                run_forked(check)
+            except CheckProcessKilled as exc:  # not a verdict on the checks: run them here
+                self.stderr.write(f"runworkers: the start-up checks' process was killed by "
+                                  f"{exc.signal_name}; running the checks in this process.")
+                check()
         else:
             check()
 
     def _unapplied_migrations(self, using: str) -> None:
-        from django.db import DatabaseError, connections
+        from django.db import DatabaseError, InterfaceError, OperationalError, connections
         from django.db.migrations.executor import MigrationExecutor
 
         try:
             executor = MigrationExecutor(connections[using])
             plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        except (OperationalError, InterfaceError):  # cannot reach it: tried again
+            raise
         except DatabaseError as exc:
-            raise CommandError(f"Cannot reach database {using!r}: {exc}") from exc
+            raise CommandError(f"Cannot read database {using!r}'s migrations: {exc}") from exc
         if plan:
             apps = sorted({migration.app_label for migration, _ in plan})
             raise CommandError(
