@@ -13,6 +13,8 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = ["django_dbworker", "benchapp"]
+if os.environ.get("BENCH_KEYED"):  # flow_control.py's keyed runs (benchkeyed/__init__.py)
+    INSTALLED_APPS.append("benchkeyed")
 
 DB = os.environ.get("BENCH_DB", "sqlite")
 NAMES = {"default": os.environ.get("BENCH_DB_NAME", ""),

@@ -26,11 +26,6 @@ def unique_noop(n):
     """flow_control.py: a no-op whose calls are unique by their argument."""
 
 
-@task(concurrency_limit=2, concurrency_key=lambda n: f"key:{n % 50}")
-def keyed_noop(n):
-    """flow_control.py: a no-op limited to 2 running per key, over 50 keys."""
-
-
 @task
 async def wait_io(seconds):
     """async_io.py: an I/O-bound task, an await of ``seconds`` standing for a call to
