@@ -78,18 +78,18 @@ def test_an_enqueue_outside_a_transaction_is_one_query(postgres, listening, tmp_
     result, sent = queries_sent(lambda: tasks.add.enqueue(1, 2), tmp_path)
     assert len(sent) == 1, sent
     assert sent[0].startswith('INSERT INTO "django_dbworker_taskrecord"'), sent[0]
-    assert sent[0].endswith(f"; SELECT pg_notify('{CHANNEL}', 'task')"), sent[0][-200:]
+    assert sent[0].endswith(f"; SELECT pg_notify('{CHANNEL}', 'plain')"), sent[0][-200:]
     assert "synchronous_commit" not in sent[0], "a task is the caller's data: durable"
     record = TaskRecord.objects.get(pk=result.id)
     assert (record.status, record.args) == (TaskStatus.READY, [1, 2])
-    assert hear(listening) == {"task"}
+    assert hear(listening) == {"plain"}, "a task without a concurrency key"
 
 
 def test_an_enqueue_inside_a_transaction_is_part_of_it(postgres, listening):
     with transaction.atomic():
         result = tasks.add.enqueue(3, 4)
         assert listening.received() == set(), "announced only at the commit"
-    assert hear(listening) == {"task"}
+    assert hear(listening) == {"plain"}
     assert TaskRecord.objects.filter(pk=result.id).exists()
 
     with transaction.atomic():

@@ -22,6 +22,12 @@ from .. import conf
 from . import engine_for
 
 CHANNEL = "dbworker"
+#: The payload of new tasks among which one may have a concurrency key...
+TASKS = "task"
+#: ...and of new tasks of which none has one: supervisors that know keyed tasks need not
+#: claim the keyed way for them (``supervisor/taskwork.py``). Older supervisors wake on it
+#: too (any payload wakes a listener).
+KEYLESS_TASKS = "plain"
 
 
 def enabled(using: str) -> bool:

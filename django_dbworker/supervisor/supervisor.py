@@ -17,6 +17,7 @@ from typing import TextIO
 from django.db import DatabaseError, connections
 
 from .. import conf
+from ..db import notify
 from ..db.connections import connected, own_process
 from ..logs import log_event, logger
 from ..outcomes import RunOutcome
@@ -290,6 +291,9 @@ class Supervisor:
         now = time.monotonic()
         self._claims_deferred = False
         self._short = False
+        if self.tasks is not None:  # before the pauses take their announcement
+            self.tasks.listening = self.listener.fileno() is not None
+            self.tasks.announced(self._announced)
         self._check_pauses(now)
         self._unstick(now)
         room = self._feed()
@@ -349,7 +353,7 @@ class Supervisor:
 
     def _announced_for(self, source: Worker | None) -> bool:
         if source is None:
-            return "task" in self._announced
+            return bool(self._announced & {notify.TASKS, notify.KEYLESS_TASKS})
         return "rows" in self._announced or source.name in self._announced
 
     def _dispatch(self, child: Child, batch: list[Unit]) -> None:

@@ -10,14 +10,17 @@ import uuid
 from collections.abc import Callable
 
 from ..conf import Config
+from ..db import notify
 from ..insight.names import configured_queues
 from ..logs import log_event
 from ..models import TaskStatus
+from ..pausing import ANNOUNCEMENT as PAUSES
 from ..rows.store import Claimant, FailureInfo
 from ..scheduling import Scheduler, schedules
 from ..tasks import byqueue
 from ..tasks import registry as task_registry
 from ..tasks import store as taskstore
+from ..tasks.concurrency import Seen
 from ..tasks.store import TaskClaim
 from ..tasks.stored_schedules import StoredSource
 from ..tasks.unit import is_task
@@ -42,6 +45,12 @@ class TaskWork:
         self.limits = {path: t.rate_limit for path, t in known.items() if t.rate_limit}
         #: A task has a concurrency limit: claims take keyed tasks (tasks.concurrency).
         self.keyed = any(t.concurrency_limit for t in known.values())
+        #: Until when (monotonic) claims may be plain although ``keyed``: the last keyed
+        #: claim saw every waiting task and none had a key, and new keyed tasks announce
+        #: themselves (``announced``). Only while NOTIFY reaches us (``listening``).
+        self._plain_until = 0.0
+        #: NOTIFY reaches this supervisor now (its LISTEN connection is open).
+        self.listening = False
         self.timeouts = {path: t.timeout_seconds for path, t in known.items()
                          if t.timeout_seconds}
         self.scheduler = Scheduler(schedules() if schedule else {},
@@ -70,13 +79,32 @@ class TaskWork:
                 return []
         return self._claim(queues, room, paused)
 
+    def announced(self, payloads: set[str]) -> None:
+        """What NOTIFY announced since the last claim: new tasks that may have a key
+        (``notify.TASKS``), or a queue paused or resumed, make the next claim keyed
+        again."""
+        if notify.TASKS in payloads or PAUSES in payloads:
+            self._plain_until = 0.0
+
     def _claim(self, queues: list[str] | None, room: int,
                paused: frozenset[str] = frozenset()) -> list[TaskClaim]:
-        return taskstore.claim_limited(
+        """A keyed claim costs more statements than a plain one (tasks.concurrency). A
+        supervisor that knows keyed tasks claims the keyed way until a keyed claim saw
+        every waiting task and none with a key; then plain claims, for POLL_INTERVAL at
+        most (a keyed task made ready without an announcement, by its ``run_after`` or a
+        reaper, waits that long more at worst), or until new tasks that may be keyed are
+        announced. Without NOTIFY every claim is keyed."""
+        now = time.monotonic()
+        keyed = self.keyed and (now >= self._plain_until or not self.listening)
+        seen = Seen() if keyed and self.listening else None
+        claims = taskstore.claim_limited(
             queues, room, self.claimant, self.config.LEASE_SECONDS,
             limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
-            exclude_queues=paused, keyed=self.keyed,
+            exclude_queues=paused, keyed=keyed, seen=seen,
         )
+        if seen is not None and seen.read and not seen.keyed:
+            self._plain_until = now + self.config.POLL_INTERVAL
+        return claims
 
     def _claim_by_queue(self, queues: list[str], room: int) -> list[TaskClaim]:
         claims = [c for queue, n in byqueue.shares(queues, room).items()

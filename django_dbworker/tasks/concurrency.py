@@ -153,6 +153,18 @@ def declared() -> bool:
 # ----- the keyed claim --------------------------------------------------------------------
 
 
+class Seen:
+    """What a keyed claim saw of the waiting tasks, for ``supervisor.taskwork``: whether a
+    keyed task waits (``keyed``: one was among the first candidates read, or more waited
+    than were read, so one may), once a claim read them (``read``)."""
+
+    __slots__ = ("keyed", "read")
+
+    def __init__(self) -> None:
+        self.read = False
+        self.keyed = False
+
+
 def claim(
     queues: list[str] | None,
     limit: int,
@@ -162,10 +174,11 @@ def claim(
     only_path: str | None = None,
     exclude_paths: Sequence[str] = (),
     exclude_queues: frozenset[str] = frozenset(),
+    seen: Seen | None = None,
 ) -> list[TaskClaim]:
     """Claim up to ``limit`` ready tasks, keyed or not, in claim order, no key beyond its
     limit (the module's docstring says how); ``exclude_queues``: paused queues, for a
-    claim of every queue (``queues`` None)."""
+    claim of every queue (``queues`` None); ``seen``: told whether a keyed task waits."""
     from . import store
 
     if limit <= 0:
@@ -177,7 +190,7 @@ def claim(
           engine(using).begun_with_first_statement(connection)):
         paused = tuple(sorted(exclude_queues)) if queues is None else ()
         chosen, held = _choose(using, now, queues, limit, only_path, tuple(exclude_paths),
-                               paused)
+                               paused, seen)
         if not chosen:
             return []
         with engine(using).committed_with_statement(connection):  # the claim's UPDATE
@@ -188,9 +201,11 @@ def claim(
 
 def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
             only_path: str | None, exclude: tuple[str, ...],
-            paused: tuple[str, ...] = ()) -> tuple[list[Any], bool]:
+            paused: tuple[str, ...] = (), seen: Seen | None = None
+            ) -> tuple[list[Any], bool]:
     """The ids to claim, in claim order, and whether the transaction holds all their rows
-    (else some were read without a lock); it holds the slots of their keys."""
+    (else some were read without a lock); it holds the slots of their keys. ``seen``:
+    whether the first page held a keyed task or was full (``Seen``)."""
     chosen: list[Any] = []
     # The pages after the first filter out what cannot fit: read without locks where a
     # locking read would lock every row it walks past (Engine.locks_rows_it_filters).
@@ -213,6 +228,10 @@ def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
         lock = page_number == 0 or lock_filtered
         page = _candidates(using, now, queues, only_path, exclude,
                            _full(running, skipped), chosen, size, paused, lock=lock)
+        if page_number == 0 and seen is not None:
+            seen.read = True
+            seen.keyed = seen.keyed or len(page) >= size or any(
+                key is not None for _, key, _ in page)
         fresh = {key for _, key, _ in page if key is not None and key not in held
                  and key not in skipped}
         if fresh:

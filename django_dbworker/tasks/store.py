@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, F, Func, JSONField, QuerySet, When
@@ -56,6 +56,9 @@ from ..rows import keys
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
 from . import enqueue as newtasks
 from .unit import TaskUnit
+
+if TYPE_CHECKING:
+    from . import concurrency
 
 KEY_NAMESPACE = newtasks.KEY_NAMESPACE
 
@@ -133,7 +136,7 @@ def insert(rows: list[newtasks.NewTask], *, idempotency_key: str | None,
     try:
         with transaction.atomic(using=using):
             manager.bulk_create([r.record() for r in rows], ignore_conflicts=True)
-            notify.announce(using, "task")
+            notify.announce(using, notify.TASKS)
     except IntegrityError:  # pragma: no cover - ignore_conflicts covers the key
         pass
     return [manager.get(idempotency_key=idempotency_key)]
@@ -153,10 +156,17 @@ def insert_batches(batches: Iterable[tuple[list[newtasks.NewTask], str | None]])
     ``enqueue()`` costs one round trip."""
     using = _alias()
     connection = connections[using]
+    keyed = False
     with engine(using).one_transaction(connection):
         for rows, payload in batches:
             newtasks.insert(rows, using, payload)
-        notify.announce(using, "task")
+            keyed = keyed or _keyed(rows)
+        notify.announce(using, notify.TASKS if keyed else notify.KEYLESS_TASKS)
+
+
+def _keyed(rows: list[newtasks.NewTask]) -> bool:
+    """Whether a new task of ``rows`` has a concurrency limit (and so a key)."""
+    return any(row.shared.concurrency_limit is not None for row in rows)
 
 
 def insert_one_batch(rows: list[newtasks.NewTask], payload: str | None) -> None:
@@ -167,8 +177,8 @@ def insert_one_batch(rows: list[newtasks.NewTask], payload: str | None) -> None:
     in a savepoint, so that a failed insert leaves the caller's transaction usable."""
     using = _alias()
     connection = connections[using]
-    announce = notify.statement(using, "task")
-    if rows and rows[0].shared.concurrency_limit is None and connection.get_autocommit():
+    announce = notify.statement(using, notify.KEYLESS_TASKS)
+    if rows and not _keyed(rows) and connection.get_autocommit():
         insert = newtasks.insert_statement(rows, using, payload)
         if insert is not None and engine(using).one_query(
                 connection, [insert, *([announce] if announce else [])]):
@@ -204,20 +214,25 @@ def claim(
     exclude_paths: list[str] | tuple[str, ...] = (),
     exclude_queues: frozenset[str] = frozenset(),
     keyed: bool = False,
+    seen: concurrency.Seen | None = None,
 ) -> list[TaskClaim]:
     """Claim up to ``limit`` ready tasks, highest priority first (``Engine.claim``);
     ``exclude_queues``: paused queues, for a claim of every queue (``queues`` None).
 
     Tasks with a concurrency key only with ``keyed`` (``tasks.concurrency.claim``: the
-    same, each key within its limit); without, they are left for a keyed claim."""
+    same, each key within its limit, telling ``seen`` whether a keyed task waits);
+    without, they are left for a keyed claim."""
     if limit <= 0:
+        if seen is not None:  # nothing read: a keyed task may wait (a bucket ran dry)
+            seen.keyed = True
         return []
     exclude = tuple(exclude_paths)
     if keyed:
         from . import concurrency
 
         return concurrency.claim(queues, limit, claimant, lease, only_path=only_path,
-                                 exclude_paths=exclude, exclude_queues=exclude_queues)
+                                 exclude_paths=exclude, exclude_queues=exclude_queues,
+                                 seen=seen)
     using = _alias()
     connection = connections[using]
     now = timezone.now()
@@ -667,6 +682,7 @@ def claim_limited(
     global_limit: str | None,
     exclude_queues: frozenset[str] = frozenset(),
     keyed: bool = False,
+    seen: concurrency.Seen | None = None,
 ) -> list[TaskClaim]:
     """Claim up to ``room`` tasks, respecting per-task and global start rates and priority.
 
@@ -674,7 +690,7 @@ def claim_limited(
     ``room`` unlimited tasks and, of each limited task, what its bucket allows; of those,
     the ``room`` first in claim order (priority, then age) are kept and the others given
     back at once, so a limited task of high priority is not starved by unlimited ones.
-    Buckets pay only for the tasks kept. ``keyed``: as ``claim``'s.
+    Buckets pay only for the tasks kept. ``keyed``, ``seen``: as ``claim``'s.
     """
     from . import ratelimit
 
@@ -683,7 +699,7 @@ def claim_limited(
     if not limits and global_limit is None:
         # one statement (keyed: one transaction), no buckets to keep
         return claim(queues, room, claimant, lease, exclude_queues=exclude_queues,
-                     keyed=keyed)
+                     keyed=keyed, seen=seen)
     using = _alias()
     with transaction.atomic(using=using):
         overall = None
@@ -695,12 +711,12 @@ def claim_limited(
                 overall.consume(0)
             return []
         claims = claim(queues, room, claimant, lease, exclude_paths=tuple(limits),
-                       exclude_queues=exclude_queues, keyed=keyed)
+                       exclude_queues=exclude_queues, keyed=keyed, seen=seen)
         buckets = []
         for path, rate in limits.items():
             bucket = ratelimit.reserve(f"task:{path}", rate, room)
             claims += claim(queues, bucket.allowed, claimant, lease, only_path=path,
-                            exclude_queues=exclude_queues, keyed=keyed)
+                            exclude_queues=exclude_queues, keyed=keyed, seen=seen)
             buckets.append((path, bucket))
         claims.sort(key=_claim_order)
         claims, surplus = claims[:room], claims[room:]

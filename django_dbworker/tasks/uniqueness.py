@@ -261,7 +261,7 @@ class Plan:
                 out = [self._one(row, d, using) for row, d in zip(
                     self.rows, self.digests, strict=True)]
                 if any(new for _, new in out):
-                    notify.announce(using, "task")
+                    notify.announce(using, notify.TASKS)
                 return out
         except IntegrityError:
             # Only a task id derived from an idempotency key can be stored twice: another

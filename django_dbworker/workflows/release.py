@@ -52,7 +52,7 @@ def resolve(using: str, ended: Iterable[tuple[Any, str]]) -> None:
         released |= lower_waiting(using, met, now)
         round_ = _cancel(using, broken, now)
     if released:
-        notify.announce(using, "task")
+        notify.announce(using, notify.TASKS)
 
 
 def _id(pk: Any) -> uuid.UUID:

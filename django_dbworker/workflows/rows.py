@@ -154,5 +154,5 @@ def _resolve(using: str, found: list[tuple[Any, ...]]) -> int:
     if cascade:
         resolve(using, [(pk, TaskStatus.CANCELLED) for pk in cascade])  # their dependents
     if released:
-        notify.announce(using, "task")
+        notify.announce(using, notify.TASKS)
     return len(met_ids) + len(broken_ids)

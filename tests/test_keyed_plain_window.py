@@ -1,0 +1,128 @@
+"""A supervisor that knows a task with ``concurrency_limit`` claims the keyed way (more
+statements: tasks/concurrency.py), but plain tasks need not pay for it: once a keyed claim
+saw every waiting task and none had a key, its claims are plain, until new tasks that may
+be keyed are announced (NOTIFY ``task``; keyless ones announce ``plain``) or POLL_INTERVAL
+passed (supervisor/taskwork.py). Only where NOTIFY reaches the supervisor (PostgreSQL)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_dbworker import conf
+from django_dbworker.db import notify
+from django_dbworker.models import TaskRecord
+from django_dbworker.rows.store import Claimant
+from django_dbworker.supervisor.taskwork import TaskWork
+from tests.conftest import round_trips
+from tests.testapp import tasks
+from tests.testapp.concurrency_tasks import conc_account
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def postgres(vendor):
+    if vendor != "postgresql":
+        pytest.skip("NOTIFY and libpq's protocol trace are PostgreSQL's")
+
+
+def _work(listening: bool = True) -> TaskWork:
+    work = TaskWork(None, conf.get(), Claimant(), schedule=False)
+    assert work.keyed, "the concurrency tasks are imported: the supervisor knows keyed tasks"
+    work.listening = listening
+    work.limits = {}  # the testapp's rate-limited tasks would add the buckets' statements
+    return work
+
+
+def test_plain_tasks_are_claimed_plainly_once_no_keyed_task_waits(postgres, tmp_path):
+    work = _work()
+    tasks.add.enqueue(1, 2)
+    claims, trips = round_trips(lambda: work.claim(10), tmp_path)
+    assert len(claims) == 1 and trips == 2, (claims, trips)  # keyed: read, then claim
+    tasks.add.enqueue(3, 4)
+    work.announced({notify.KEYLESS_TASKS})  # what the enqueue announced
+    claims, trips = round_trips(lambda: work.claim(10), tmp_path)
+    assert len(claims) == 1 and trips == 1, (claims, trips)  # the plain claim
+
+
+def test_an_announced_keyed_task_is_claimed_at_once(postgres, tmp_path):
+    work = _work()
+    assert work.claim(10) == []  # nothing waits: plain claims from now on
+    conc_account.enqueue("a", 1)
+    assert work.claim(10) == [], "a plain claim leaves keyed tasks alone"
+    work.announced({notify.TASKS})  # what a keyed task's enqueue announces
+    claims, trips = round_trips(lambda: work.claim(10), tmp_path)
+    assert [c.task_path for c in claims] == [conc_account.module_path], claims
+    assert trips == 4  # candidates, its key's slot, the key's running count, the claim
+
+
+def test_a_keyed_task_nobody_announced_waits_at_most_poll_interval(postgres):
+    work = _work()
+    soon = timezone.now() + timedelta(seconds=0.2)
+    conc_account.using(run_after=soon).enqueue("a", 1)  # ready later: no announcement then
+    assert work.claim(10) == []  # read before it is ready: plain claims from now on
+    began = time.monotonic()
+    plain_rounds = 0
+    while not (claims := work.claim(10)):
+        plain_rounds += 1
+        assert time.monotonic() - began < 5, "never claimed"
+        time.sleep(0.01)
+    waited = time.monotonic() - began
+    assert [c.task_path for c in claims] == [conc_account.module_path]
+    assert plain_rounds > 0
+    assert waited <= 0.2 + conf.get().POLL_INTERVAL + 0.5, waited
+
+
+def test_more_waiting_than_read_keeps_claims_keyed(postgres, tmp_path):
+    """A keyed claim reads a page of candidates: when it is full, a keyed task may wait
+    behind it, so the next claim is keyed too."""
+    work = _work()
+    tasks.add.enqueue_many([((n, n), {}) for n in range(40)])
+    assert len(work.claim(1)) == 1  # its page (32) was full
+    _, trips = round_trips(lambda: work.claim(1), tmp_path)
+    assert trips == 2, "still keyed"
+
+
+def test_without_notify_every_claim_is_keyed(postgres, tmp_path):
+    work = _work(listening=False)
+    assert work.claim(10) == []
+    tasks.add.enqueue(1, 2)
+    claims, trips = round_trips(lambda: work.claim(10), tmp_path)
+    assert len(claims) == 1 and trips == 2, (claims, trips)
+
+
+def test_keyed_tasks_are_announced_as_tasks_that_may_be_keyed(postgres):
+    from django.db import connection
+
+    from django_dbworker.db import engine_for
+
+    heard = engine_for(connection).listen(connection, notify.CHANNEL)
+    try:
+        conc_account.enqueue("a", 1)
+        tasks.add.enqueue(1, 2)
+        found: set[str] = set()
+        deadline = time.monotonic() + 10
+        while found != {notify.TASKS, notify.KEYLESS_TASKS} and time.monotonic() < deadline:
+            found |= heard.received()
+            time.sleep(0.01)
+        assert found == {notify.TASKS, notify.KEYLESS_TASKS}
+    finally:
+        heard.close()
+    assert TaskRecord.objects.count() == 2
+
+
+def test_a_pause_or_resume_makes_the_next_claim_keyed(postgres, tmp_path):
+    """A resumed queue may hold keyed tasks nobody announced."""
+    from django_dbworker.pausing import ANNOUNCEMENT
+
+    work = _work()
+    assert work.claim(10) == []
+    _, trips = round_trips(lambda: work.claim(10), tmp_path)
+    assert trips == 1, "plain"
+    work.announced({ANNOUNCEMENT})
+    _, trips = round_trips(lambda: work.claim(10), tmp_path)
+    assert trips == 2, "keyed again"
