@@ -126,3 +126,15 @@ def test_a_pause_or_resume_makes_the_next_claim_keyed(postgres, tmp_path):
     work.announced({ANNOUNCEMENT})
     _, trips = round_trips(lambda: work.claim(10), tmp_path)
     assert trips == 2, "keyed again"
+
+
+def test_a_claim_queue_by_queue_decides_once_for_every_queue(postgres):
+    """Beside a paused queue's backlog the claim goes queue by queue: the first queue's
+    clean page must not make the next queue's claim plain within the same round."""
+    work = _work()
+    tasks.add.enqueue(1, 2)  # default, first in claim order
+    conc_account.using(queue_name="emails").enqueue("a", 1)
+    tasks.add.using(queue_name="slow").enqueue(3, 4)
+    claims = work.claim(10, frozenset({"slow"}), backlog=True)
+    assert sorted(c.task_path for c in claims) == sorted(
+        [tasks.add.module_path, conc_account.module_path]), claims

@@ -65,30 +65,9 @@ class TaskWork:
               backlog: bool = False) -> list[TaskClaim]:
         """Claim up to ``room`` tasks of our queues but the ``paused`` ones; ``backlog``:
         tasks wait in a paused queue, so a claim of several queues is made queue by queue
-        (``byqueue``) rather than walking past them."""
-        queues = self.queues
-        if paused:
-            if queues is not None:
-                queues = [q for q in queues if q not in paused]
-            if backlog:
-                queues = queues if queues is not None else [
-                    q for q in self.known_queues if q not in paused]
-                if len(queues) > 1:
-                    return self._claim_by_queue(queues, room)
-            if queues == []:
-                return []
-        return self._claim(queues, room, paused)
+        (``byqueue``) rather than walking past them.
 
-    def announced(self, payloads: set[str]) -> None:
-        """What NOTIFY announced since the last claim: new tasks that may have a key
-        (``notify.TASKS``), or a queue paused or resumed, make the next claim keyed
-        again."""
-        if notify.TASKS in payloads or PAUSES in payloads:
-            self._plain_until = 0.0
-
-    def _claim(self, queues: list[str] | None, room: int,
-               paused: frozenset[str] = frozenset()) -> list[TaskClaim]:
-        """A keyed claim costs more statements than a plain one (tasks.concurrency). A
+        A keyed claim costs more statements than a plain one (tasks.concurrency). A
         supervisor that knows keyed tasks claims the keyed way until a keyed claim saw
         every waiting task and none with a key; then plain claims, for POLL_INTERVAL at
         most (a keyed task made ready without an announcement, by its ``run_after`` or a
@@ -97,18 +76,45 @@ class TaskWork:
         now = time.monotonic()
         keyed = self.keyed and (now >= self._plain_until or not self.listening)
         seen = Seen() if keyed and self.listening else None
-        claims = taskstore.claim_limited(
-            queues, room, self.claimant, self.config.LEASE_SECONDS,
-            limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
-            exclude_queues=paused, keyed=keyed, seen=seen,
-        )
+        claims = self._claim_queues(room, paused, backlog, keyed, seen)
         if seen is not None and seen.read and not seen.keyed:
             self._plain_until = now + self.config.POLL_INTERVAL
         return claims
 
-    def _claim_by_queue(self, queues: list[str], room: int) -> list[TaskClaim]:
+    def _claim_queues(self, room: int, paused: frozenset[str], backlog: bool, keyed: bool,
+                      seen: Seen | None) -> list[TaskClaim]:
+        queues = self.queues
+        if paused:
+            if queues is not None:
+                queues = [q for q in queues if q not in paused]
+            if backlog:
+                queues = queues if queues is not None else [
+                    q for q in self.known_queues if q not in paused]
+                if len(queues) > 1:
+                    return self._claim_by_queue(queues, room, keyed, seen)
+            if queues == []:
+                return []
+        return self._claim(queues, room, keyed, seen, paused)
+
+    def announced(self, payloads: set[str]) -> None:
+        """What NOTIFY announced since the last claim: new tasks that may have a key
+        (``notify.TASKS``), or a queue paused or resumed, make the next claim keyed
+        again."""
+        if notify.TASKS in payloads or PAUSES in payloads:
+            self._plain_until = 0.0
+
+    def _claim(self, queues: list[str] | None, room: int, keyed: bool, seen: Seen | None,
+               paused: frozenset[str] = frozenset()) -> list[TaskClaim]:
+        return taskstore.claim_limited(
+            queues, room, self.claimant, self.config.LEASE_SECONDS,
+            limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
+            exclude_queues=paused, keyed=keyed, seen=seen,
+        )
+
+    def _claim_by_queue(self, queues: list[str], room: int, keyed: bool,
+                        seen: Seen | None) -> list[TaskClaim]:
         claims = [c for queue, n in byqueue.shares(queues, room).items()
-                  for c in self._claim([queue], n)]
+                  for c in self._claim([queue], n, keyed, seen)]
         claims.sort(key=taskstore._claim_order)  # merged: priority, then age
         return claims
 
