@@ -138,3 +138,32 @@ def test_a_claim_queue_by_queue_decides_once_for_every_queue(postgres):
     claims = work.claim(10, frozenset({"slow"}), backlog=True)
     assert sorted(c.task_path for c in claims) == sorted(
         [tasks.add.module_path, conc_account.module_path]), claims
+
+
+@pytest.mark.processes
+def test_a_running_supervisor_takes_announced_keyed_tasks_at_once(postgres, runworkers):
+    """A real runworkers that knows keyed tasks, with a POLL_INTERVAL of 3 s: plain tasks
+    put it in its plain window, yet every keyed task enqueued then starts at once (its
+    enqueue announces a task that may be keyed), not a poll later."""
+    from django_dbworker.models import Supervisor, TaskStatus
+    from tests.conftest import wait_for
+
+    rw = runworkers("--queue", "default", extra_env={
+        "DBWORKER_TEST_CONCURRENCY": "1", "DBWORKER_TEST_POLL": "3"})
+    wait_for(lambda: Supervisor.objects.filter(pid=rw.pid).exists(), timeout=60,
+             what="the supervisor up")
+
+    def done(pk) -> bool:
+        return TaskRecord.objects.get(pk=pk).status == TaskStatus.SUCCESSFUL
+
+    waits = []
+    for n in range(5):
+        plain = tasks.add.enqueue(n, n).id
+        wait_for(lambda pk=plain: done(pk), what="the plain task done")
+        time.sleep(0.2)  # inside the plain window the plain task opened
+        enqueued_at = time.time()
+        keyed = conc_account.enqueue("a", n).id
+        wait_for(lambda pk=keyed: done(pk), what="the keyed task done")
+        waits.append(TaskRecord.objects.get(pk=keyed).return_value["start"] - enqueued_at)
+    assert max(waits) < 1.5, waits  # a poll (3 s) would have taken longer
+    assert rw.process.poll() is None, rw.output()[-2000:]
