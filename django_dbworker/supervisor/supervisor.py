@@ -125,7 +125,8 @@ class Supervisor:
                      owner=self.claimant.supervisor_id, periodic_full=_without_triggers)
              for w in options.workers],
             config.SWEEP_INTERVAL, self._paused, self._broken_source)
-        # In this order, every round, before claims (renewal is not among them: renewer.py).
+        # In this order, every round, before claims (after them in a round NOTIFY woke: new
+        # work first), renewal not among them (renewer.py).
         self.duties = Duties([
             self.retries,
             *(self.tasks.duties(lambda: self.children, self._stop_child, self.prefetch)
@@ -202,9 +203,15 @@ class Supervisor:
                 return self._cut_off("grace period over")
             claimed: int | None = 0
             try:
-                self.duties.run_due()
-                if not stopping:
+                if self._announced and not stopping:
+                    # New work woke us: its claim first, to its handler before the duties
+                    # that fell due meanwhile (each a statement or more).
                     claimed = self._fill()
+                    self.duties.run_due()
+                else:
+                    self.duties.run_due()
+                    if not stopping:
+                        claimed = self._fill()
                 self.outage.went_through(connections[self.using].connection is not None)
             except DatabaseError as exc:
                 self._database_down(exc)
