@@ -29,7 +29,6 @@ LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBU
 FIRST_STARTUP_RETRY, LAST_STARTUP_RETRY = 0.5, 5.0
 
 
-
 class Command(BaseCommand):
     help = (
         "Run the supervisor: claim work for the registered workers and run it in child "
