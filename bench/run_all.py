@@ -1,4 +1,4 @@
-"""Run every benchmark, then write one summary table (about 7-10 minutes on 2 CPUs).
+"""Run every benchmark, then write one summary table (about 17-19 minutes on 2 CPUs).
 
     .venv/bin/python bench/run_all.py [--quick] [--only peers,...] [--distance]
 
