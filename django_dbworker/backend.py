@@ -48,7 +48,7 @@ MAX_SNOOZES = 1_000_000_000
 #: TaskRecord.queue_name's max_length.
 MAX_QUEUE_NAME_LENGTH = 100
 #: Options of ``TASKS[alias]["OPTIONS"]`` a DBWorkerBackend knows, and their types.
-BACKEND_OPTIONS = {"ENQUEUE_ON_COMMIT": bool}
+BACKEND_OPTIONS = {"ENQUEUE_ON_COMMIT": bool, "IMMEDIATE": bool}
 
 type Callback = Callable[..., Any] | str | None
 
@@ -121,7 +121,12 @@ class DBWorkerTask(Task):
     _workflow_id: uuid.UUID | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        Task.__post_init__(self)
+        Task.__post_init__(self)  # the backend's validate_task
+        if not isinstance(self.get_backend(), DBWorkerBackend):
+            # Another backend (Django's ImmediateBackend or DummyBackend in a user's test
+            # settings, djtasks.task_class) ignores our options: they are checked all the
+            # same, so a mistake shows before the settings point at our backend.
+            _validate_options(f"Task {getattr(self.func, '__qualname__', self.func)!r}", self)
         task_registry.register(self)
 
     def using(
@@ -165,8 +170,12 @@ class DBWorkerTask(Task):
             from .workflows.builder import enqueue_batch
 
             return enqueue_batch(self, calls, workflow)
-        # Our backend's task_class; another backend has no enqueue_many (AttributeError).
-        backend = cast(DBWorkerBackend, self.get_backend())
+        backend = self.get_backend()
+        if not isinstance(backend, DBWorkerBackend):
+            # Another backend (ImmediateBackend, DummyBackend: djtasks.task_class) has no
+            # enqueue_many: one enqueue per call, in order.
+            return [cast("DBWorkerTaskResult", backend.enqueue(self, list(args), dict(kwargs)))
+                    for args, kwargs in calls]
         return backend.enqueue_many(self, calls)
 
     def step(self, *args: Any, **kwargs: Any) -> Step:
@@ -187,7 +196,9 @@ class DBWorkerBackend(BaseTaskBackend):
     """Tasks stored in our database and run by ``manage.py runworkers``.
 
     ``OPTIONS``: ``ENQUEUE_ON_COMMIT`` (bool, default False) defers every enqueue of this
-    backend to the commit of the caller's transaction.
+    backend to the commit of the caller's transaction. ``IMMEDIATE`` (bool, default
+    False): each enqueue also runs its tasks in the caller before it returns, with our
+    semantics (``tasks.immediate``; for tests and development, docs/testing.md).
     """
 
     #: ``@task`` makes a ``DBWorkerTask`` for this backend, with its options.
@@ -210,6 +221,9 @@ class DBWorkerBackend(BaseTaskBackend):
         value = self.options.get("ENQUEUE_ON_COMMIT", False) if isinstance(
             self.options, dict) else False
         self.enqueue_on_commit = value is True
+        #: OPTIONS["IMMEDIATE"]: every enqueue runs its tasks in the caller too.
+        self.immediate = isinstance(self.options, dict) and self.options.get(
+            "IMMEDIATE", False) is True
         #: Whether TASKS[alias] sets QUEUES (otherwise Django allows only "default").
         self.queues_configured = "QUEUES" in params
 
@@ -296,7 +310,29 @@ class DBWorkerBackend(BaseTaskBackend):
     ) -> list[DBWorkerTaskResult]:
         """Store one call per ``(args, kwargs)`` in one transaction; results in call order
         (``task.enqueue_many(...)`` calls it). A bad call raises, naming it, and stores
-        nothing."""
+        nothing. In immediate mode the tasks then run in the caller, and the results are
+        as they ended (``OPTIONS["IMMEDIATE"]``)."""
+        results = self.store_many(task, calls)
+        if not self.immediate or not results:
+            return results
+        from .tasks import immediate
+
+        ids = [r.id for r in results]
+        on_commit = getattr(task, "enqueue_on_commit", None)
+        if on_commit is None:
+            on_commit = self.enqueue_on_commit
+        if on_commit:  # stored by the callback registered before this one: run after it
+            transaction.on_commit(lambda: immediate.run(ids), using=conf.get().DATABASE)
+            return results
+        immediate.run(ids)
+        for result in results:
+            result.refresh()
+        return results
+
+    def store_many(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
+    ) -> list[DBWorkerTaskResult]:
+        """``enqueue_many`` without the immediate mode's run: what stores the calls."""
         from .tasks import enqueue as newtasks
         from .tasks import store as taskstore
         from .tasks.results import new_results

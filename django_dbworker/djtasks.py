@@ -83,7 +83,6 @@ if TYPE_CHECKING or django.VERSION >= (6, 0):
         default_task_backend,
         task_backends,
     )
-    from django.tasks import task as _framework_task
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import (
         DEFAULT_TASK_PRIORITY,
@@ -134,7 +133,6 @@ else:
         signals,  # noqa: F401
         task_backends,
     )
-    from django_tasks import task as _framework_task
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import (
         DEFAULT_TASK_PRIORITY,
@@ -162,12 +160,14 @@ def task(function: Any = None, *, priority: int = DEFAULT_TASK_PRIORITY,
          queue_name: str = DEFAULT_TASK_QUEUE_NAME, backend: str = DEFAULT_TASK_BACKEND_ALIAS,
          takes_context: bool = False, **options: Any) -> Any:
     """The framework's ``@task``, taking the backend's options (``retries=5``, ...) on every
-    supported Django: Django's own on 6.1, the backport's on 5.2, and on 6.0 (whose
-    ``task()`` takes no options) the same thing done here."""
-    if TASK_TAKES_OPTIONS:
-        framework: Any = _framework_task  # django-stubs declare no **kwargs (6.1 has them)
-        return framework(function, priority=priority, queue_name=queue_name,
-                               backend=backend, takes_context=takes_context, **options)
+    supported Django (Django 6.0's own ``task()`` takes none) and under every backend.
+
+    The task is an instance of the backend's ``task_class``, as Django makes it. A backend
+    whose ``task_class`` is Django's plain ``Task`` (``ImmediateBackend``,
+    ``DummyBackend``: a user's test settings) takes no options, so when options are given
+    the task is a ``DBWorkerTask`` instead: the module imports, ``.using()`` and
+    ``.enqueue()`` work, and that backend ignores what it does not know (retries, flow
+    control); the options are still validated (docs/testing.md)."""
     if "run_after" in options:  # as Django 6.1 says it
         raise TypeError(
             "run_after cannot be defined statically with the @task decorator. "
@@ -175,11 +175,22 @@ def task(function: Any = None, *, priority: int = DEFAULT_TASK_PRIORITY,
         )
 
     def wrapper(func: Any) -> Any:
-        return task_backends[backend].task_class(
+        return task_class(backend, options)(
             func=func, priority=priority, queue_name=queue_name, backend=backend,
             takes_context=takes_context, run_after=None, **options)
 
     return wrapper(function) if function else wrapper
+
+
+def task_class(alias: str, options: dict[str, Any]) -> Any:
+    """The class ``@task(**options)`` makes for the backend ``alias``: its ``task_class``;
+    ``DBWorkerTask`` if that is Django's plain ``Task`` and ``options`` are given."""
+    cls = task_backends[alias].task_class
+    if options and cls is Task:
+        from .backend import DBWorkerTask  # imported late: backend imports this module
+
+        return DBWorkerTask
+    return cls
 
 
 #: Django 6.0's message when ``@task(...)`` is given an option it does not take.

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError
 from django.utils import timezone
 
 from . import conf, progress
@@ -76,26 +75,12 @@ def run_until_idle(
             progress.close()
             return counts
         for claim in claims:
-            counts[_run(claim)] += 1
+            counts[units.run_here(claim)] += 1
             if counts.total() >= max_units:
                 raise RuntimeError(
                     f"run_until_idle() ran {max_units} units and work is still left; a "
                     "handler probably returns Unfinished() forever."
                 )
-
-
-def _run(claim: units.Unit) -> str:
-    """Run one unit as a runworkers child would: anything but a database error that
-    escapes it becomes its FAILED record (a database error is raised: inside a test's
-    transaction nothing more can be written)."""
-    try:
-        result = claim.run()  # with no one to keep its success, a task records it now
-        assert result is not None
-        return result.outcome
-    except DatabaseError:
-        raise
-    except Exception as exc:
-        return "failed" if units.fail(claim, units.fallback(claim, exc)) else "lease_lost"
 
 
 # ----- what was enqueued ------------------------------------------------------------------

@@ -135,4 +135,9 @@ TASKS = {
         "BACKEND": "django_dbworker.backend.DBWorkerBackend",
         "OPTIONS": {"ENQUEUE_ON_COMMIT": True},
     },
+    "immediate": {  # test_immediate: each enqueue runs its tasks in the caller
+        "BACKEND": "django_dbworker.backend.DBWorkerBackend",
+        "QUEUES": ["default", "emails", "slow"],
+        "OPTIONS": {"IMMEDIATE": True},
+    },
 }

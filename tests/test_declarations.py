@@ -371,7 +371,9 @@ def test_unfinished_accepts_long_delays():
      "TASKS['decl']['OPTIONS']['ENQUEUE_ON_COMMIT'] is 1; it must be True or False."),
     ({"ENQUEUE_ON_COMIT": True},
      "TASKS['decl']['OPTIONS'] has unknown keys 'ENQUEUE_ON_COMIT'; DBWorkerBackend knows "
-     "ENQUEUE_ON_COMMIT."),
+     "ENQUEUE_ON_COMMIT, IMMEDIATE."),
+    ({"IMMEDIATE": "yes"},
+     "TASKS['decl']['OPTIONS']['IMMEDIATE'] is 'yes'; it must be True or False."),
     ("fast", "TASKS['decl']['OPTIONS'] is str; it must be a dict."),
 ])
 def test_bad_backend_options_are_check_e011_and_refuse_every_task(options, message):
@@ -379,7 +381,7 @@ def test_bad_backend_options_are_check_e011_and_refuse_every_task(options, messa
     errors = list(backend.check())
     assert [e.id for e in errors] == ["django_dbworker.E011"]
     assert errors[0].msg == message
-    assert backend.enqueue_on_commit is False
+    assert backend.enqueue_on_commit is False and backend.immediate is False
     with pytest.raises(ImproperlyConfigured) as caught:
         backend.validate_task(tasks.add)
     assert str(caught.value) == message
@@ -388,6 +390,8 @@ def test_bad_backend_options_are_check_e011_and_refuse_every_task(options, messa
 def test_good_backend_options_pass():
     backend = DBWorkerBackend("decl", {"OPTIONS": {"ENQUEUE_ON_COMMIT": True}})
     assert list(backend.check()) == [] and backend.enqueue_on_commit is True
+    immediate = DBWorkerBackend("decl", {"OPTIONS": {"IMMEDIATE": True}})
+    assert list(immediate.check()) == [] and immediate.immediate is True
     assert list(DBWorkerBackend("decl", {}).check()) == []
 
 

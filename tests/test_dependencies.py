@@ -200,7 +200,7 @@ def test_after_must_be_a_list():
 def test_a_result_of_another_kind_of_backend():
     from django.tasks.backends.immediate import ImmediateBackend
 
-    other = ImmediateBackend("immediate", {})
+    other = ImmediateBackend("djangos_immediate", {})
     result = other.enqueue(tasks.add, (1, 1), {})
     with pytest.raises(InvalidDependency, match="not a DBWorkerBackend"):
         tasks.add.using(after=[result])

@@ -115,7 +115,7 @@ class TaskWork:
                         seen: Seen | None) -> list[TaskClaim]:
         claims = [c for queue, n in byqueue.shares(queues, room).items()
                   for c in self._claim([queue], n, keyed, seen)]
-        claims.sort(key=taskstore._claim_order)  # merged: priority, then age
+        claims.sort(key=taskstore.claim_order)  # merged: priority, then age
         return claims
 
     def duties(self, children: Callable[[], list[Child]],

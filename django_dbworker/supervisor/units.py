@@ -100,6 +100,21 @@ def run(c: Unit, keep: Callable[[Kept], None] | None = None) -> Any:
     return c.run(keep)
 
 
+def run_here(c: Unit) -> str:
+    """Run a unit in this process as a runworkers child would (``testing.run_until_idle``,
+    the backend's immediate mode) and return its outcome: anything but a database error
+    that escapes it becomes its FAILED record (a database error is raised: inside the
+    caller's transaction nothing more can be written)."""
+    try:
+        result = c.run()  # with no one to keep its success, a task records it now
+        assert result is not None
+        return result.outcome
+    except DatabaseError:
+        raise
+    except Exception as exc:
+        return "failed" if fail(c, fallback(c, exc)) else "lease_lost"
+
+
 def fail(c: Unit, info: FailureInfo) -> int:
     """Record ``c`` FAILED for good with ``info`` (its child's last word on it)."""
     return c.fail(info)

@@ -339,7 +339,7 @@ def _claim_candidates(inner_sql: str, inner_params: Sequence[Any], claimant: Cla
             for row in rows]
 
 
-def _claim_order(c: TaskClaim) -> tuple[int, datetime]:
+def claim_order(c: TaskClaim) -> tuple[int, datetime]:
     """Claim order, to merge several claims: higher priority first, then the longest
     available (a stable sort: each claim's own order stays)."""
     names = sources.columns(TaskRecord, _alias()).names
@@ -718,7 +718,7 @@ def claim_limited(
             claims += claim(queues, bucket.allowed, claimant, lease, only_path=path,
                             exclude_queues=exclude_queues, keyed=keyed, seen=seen)
             buckets.append((path, bucket))
-        claims.sort(key=_claim_order)
+        claims.sort(key=claim_order)
         claims, surplus = claims[:room], claims[room:]
         unclaim(surplus)
         for path, bucket in buckets:

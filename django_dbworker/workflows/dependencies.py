@@ -157,7 +157,7 @@ def enqueue(backend: DBWorkerBackend, task: DBWorkerTask,
         started = timezone.now()
         inner = replace(task, after=(), enqueue_on_commit=False,
                         _waiting_for=max(plan.waiting_for, 1 if plan.broken else 0))
-        results = backend.enqueue_many(inner, calls)
+        results = backend.store_many(inner, calls)  # run (immediate mode) by the caller
         new = [] if held else _new(results, started, using)
         if new:
             _write_edges(new, edges, plan, task.run_on_failure, using)

@@ -1,0 +1,56 @@
+"""The immediate mode of ``DBWorkerBackend`` (``OPTIONS: {"IMMEDIATE": True}``): each
+enqueue stores its tasks as ever, then runs them in the caller before it returns, with our
+semantics (retries, results, errors, callbacks, transactional tasks, dependencies).
+
+What differs from ``runworkers`` (docs/testing.md, "Immediate mode"): a retry runs at once
+(its delay is not waited), a task that waits for its ``run_after``, a snooze or a
+dependency not met stays stored for a supervisor (or ``run_until_idle()``); rate limits,
+concurrency limits and paused queues are not applied; ``timeout`` is not enforced (no
+child to stop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from .. import conf, progress
+from ..models import TaskDependency, TaskRecord, TaskStatus
+from ..rows.store import Claimant
+from . import store as taskstore
+
+
+def run(ids: Iterable[Any]) -> int:
+    """Run the tasks ``ids`` (and the dependents their ends release) in this process until
+    none of them is claimable now; returns how many attempts ran."""
+    from ..supervisor import units  # imported late: the supervisor imports the backend
+
+    config = conf.get()
+    using = config.DATABASE
+    claimant = Claimant()
+    todo = set(ids)
+    attempts = 0
+    try:
+        while todo:
+            with transaction.atomic(using=using):
+                claims = taskstore.claim_ids(list(todo), claimant, config.LEASE_SECONDS,
+                                             timezone.now(), held=False)
+            if not claims:
+                return attempts
+            ran = [c.unit_pk for c in claims]
+            for claim in sorted(claims, key=taskstore.claim_order):
+                units.run_here(claim)
+                attempts += 1
+            records = TaskRecord.objects.using(using)
+            # A retry runs at once: the caller waits for the task's end, not its delay.
+            records.filter(pk__in=ran, status=TaskStatus.RETRYING).update(
+                available_at=timezone.now())
+            todo.update(TaskDependency.objects.using(using).filter(
+                dependency_id__in=ran).values_list("dependent_id", flat=True))
+    finally:
+        progress.close()
+    return attempts
+
