@@ -53,6 +53,7 @@ COMPAT = {
     "test_enqueue_many.py",    # batched enqueue, its signals and results
     "test_fast_paths.py",      # what leans on Django's internals (signals, normalize_json)
     "test_declarations.py",    # bad tasks and workers refused; the system checks
+    "test_immediate.py",       # our @task under Django's own backends; immediate mode
     "test_admin.py",           # the admin's actions (admin/djadmin.py)
     # cron rows' admin: actions on a plain ModelAdmin
     "test_stored_schedules.py::test_admin_saves_lists_next_run_and_enables_disables",
