@@ -236,3 +236,32 @@ def test_a_module_with_our_options_imports_under_djangos_immediate_backend(tmp_p
              "DJANGO_SETTINGS_MODULE": "usersettings"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["SUCCESSFUL", "42"]
+
+
+# ----- flow control in immediate mode ------------------------------------------------------
+
+
+def test_unique_keyed_and_rate_limited_tasks_run_too():
+    from tests.testapp import concurrency_tasks
+
+    unique = now(tasks.unique_report).enqueue("monday")
+    assert unique.status == TaskResultStatus.SUCCESSFUL and unique.return_value == "monday"
+    keyed = now(tasks.unique_and_limited).enqueue("acme", 1)
+    assert keyed.status == TaskResultStatus.SUCCESSFUL and keyed.return_value == 1
+    results = now(concurrency_tasks.conc_single).enqueue_many([((n,), {}) for n in range(3)])
+    assert [r.return_value for r in results] == [0, 1, 2]
+    limited = now(tasks.limited).enqueue_many([((n,), {}) for n in range(5)])
+    assert [r.status for r in limited] == [TaskResultStatus.SUCCESSFUL] * 5  # no rate wait
+
+
+def test_a_snoozing_task_stays_stored_until_its_time():
+    result = now(tasks.snooze_then_succeed).enqueue(1, delay=3600)
+    assert result.status == TaskResultStatus.READY  # snoozed: Django sees READY
+    assert TaskRecord.objects.get(pk=result.id).snoozes == 1
+
+
+def test_aenqueue_runs_it_too():
+    from tests.test_result_wait import run_async
+
+    result = run_async(now(tasks.add).aenqueue(20, 22))
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 42
