@@ -19,13 +19,16 @@ compares the idle tree of two checkouts of the code, interleaved in one run (A/B
 For each database (one, fresh), round and checkout: a real ``runworkers
 --concurrency=2 --worker=ping --queue=default`` importing django_dbworker from that
 checkout (the bench settings and ``benchapp`` are this one's), ``--units`` tasks and rows
-run through it, ``--settle`` seconds idle, then its memory. Writes
+run through it, ``--settle`` seconds idle, then its memory. ``--floor`` adds two trees of
+the same shape without our code: Django with no app and the driver, connected; and the
+interpreter alone. Writes
 bench/results/memory.json and prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -81,7 +84,8 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=5.0)
     parser.add_argument("--floor", action="store_true",
                         help="also measure the floor: Django with no app and the driver, "
-                             "connected, in a process and two forked children")
+                             "connected, in a process and two forked children; and "
+                             "the interpreter alone in the same shape")
     parser.add_argument("--child", choices=benchlib.DATABASES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--floor-of", help=argparse.SUPPRESS)
@@ -142,6 +146,9 @@ def measure(db: str, codes: list[str], args: argparse.Namespace) -> list[dict[st
                 results.append({"db": db, "code": "floor: Django, no app, the driver",
                                 "round": round_, "loadavg_1m": round(os.getloadavg()[0], 2),
                                 **json.loads(found)})
+                results.append({"db": db, "code": "floor: Python alone",
+                                "round": round_, "loadavg_1m": round(os.getloadavg()[0], 2),
+                                **bare_python(args.settle)})
     return results
 
 
@@ -180,6 +187,36 @@ def floor(settle: float) -> dict[str, Any]:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     return held
+
+
+#: A process of this Python with nothing imported beyond start-up, forked twice (the
+#: children each sleep): the interpreter's share of any tree of the same shape.
+BARE = """
+import os, sys, time
+for _ in range(2):
+    if os.fork() == 0:
+        time.sleep(float(sys.argv[1]) + 5)
+        os._exit(0)
+print(flush=True)
+time.sleep(float(sys.argv[1]) + 5)
+"""
+
+
+def bare_python(settle: float) -> dict[str, Any]:
+    """What the interpreter alone holds in the same shape: a process and two forked
+    children, no Django, no driver (``site`` and the virtualenv's ``.pth`` files as ever)."""
+    process = subprocess.Popen([sys.executable, "-c", BARE, str(settle)],
+                               stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        process.stdout.readline()  # both children forked
+        time.sleep(settle)
+        return tree_memory(process.pid)
+    finally:
+        for pid in [*children(process.pid), process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait()
 
 
 def run_units(count: int, timeout: float = 60.0) -> None:

@@ -219,3 +219,24 @@ def test_the_prepared_completion_finds_its_unit_by_primary_key(postgres):
         transaction.set_rollback(True)
     assert "Index Scan using django_dbworker_execution_pkey" in plan, plan
     assert "dbworker_execution_working" not in plan, plan
+
+
+def test_a_statement_is_named_without_openssl(monkeypatch):
+    """The name is a BLAKE2b hash (Python's own), not an OpenSSL digest: a child's first
+    OpenSSL digest maps ~0.8 MB of libcrypto into its RSS, and naming statements was the
+    only OpenSSL call of an idle child (issue #24, memory)."""
+    import hashlib
+
+    for digest in ("sha1", "sha256", "md5", "new"):
+        monkeypatch.setattr(hashlib, digest, None)
+
+    class Cursor:
+        sent: list[str] = []
+
+        def execute(self, sql):
+            self.sent.append(sql)
+
+    query = prepared._prepare(Cursor(), "SELECT %s FROM t WHERE a = %s")
+    assert EXECUTE.match(query) and query.endswith("(%s, %s)")
+    name = query.split()[1].split("(")[0]
+    assert Cursor.sent == [f"PREPARE {name} AS SELECT $1 FROM t WHERE a = $2"]

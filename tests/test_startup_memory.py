@@ -35,6 +35,7 @@ NEVER = (
     "django_dbworker.migrations.0001_initial",
     "django_dbworker.db.flag_migrations",
     "croniter",  # the test settings declare no schedule
+    "django_dbworker.workflows.builder",  # makes workflows; workflows.rows needs it not
     "tests.urls",  # the URLconf the system checks import
 )
 #: Our engines (and their drivers' modules) by the vendor that needs them.
@@ -98,7 +99,12 @@ def test_without_djangos_admin_and_contrib_apps_runworkers_imports_none_of_their
     assert sorted(modules & {
         "django.db.migrations", "django_dbworker.db.flag_migrations", "django_dbworker.admin",
         "django.contrib.admin", "django_dbworker.cli", "django_dbworker.insight.metrics",
-        "django_dbworker.insight.snapshot", "croniter"}) == []
+        "django_dbworker.insight.snapshot", "croniter",
+        "django_dbworker.workflows.builder"}) == []
+    from django_dbworker.workflows import chain
+    from django_dbworker.workflows.builder import chain as built
+
+    assert chain is built  # imported on first use
     from django_dbworker.db import partial
     from django_dbworker.db.flag_migrations import WherePartialIndexesLack
 

@@ -8,7 +8,10 @@ where a connection binds on the client, such a statement is prepared on it once
 (``PREPARE dbworker_<hash> AS ...``, ``$1`` for each ``%s``) and run as ``EXECUTE
 dbworker_<hash>(%s, ...)``: still client-side binding and the simple protocol, so it can
 share a query with BEGIN or COMMIT as before. A name is a hash of the statement's text, so
-it never stands for another statement, in any session.
+it never stands for another statement, in any session: BLAKE2b, which Python implements
+itself, not a hash of OpenSSL's (SHA-1 was): a child's first OpenSSL digest brings some
+0.8 MB of libcrypto's pages into its RSS (its provider set-up), and nothing else a child
+does at idle calls OpenSSL.
 
 A PREPARE runs only outside a transaction, in a query of its own: a statement first needed
 inside one (a completion) runs unprepared that time and is prepared before the next
@@ -125,7 +128,7 @@ def _outside_transaction(raw: Any) -> bool:
 def _prepare(cursor: Any, sql: str) -> str:
     """PREPARE ``sql``; the EXECUTE that runs it (or ``sql`` if it cannot be prepared)."""
     numbered, count = _numbered(sql)
-    name = "dbworker_" + hashlib.sha1(numbered.encode(), usedforsecurity=False).hexdigest()[:24]
+    name = "dbworker_" + hashlib.blake2b(numbered.encode(), digest_size=12).hexdigest()
     try:
         cursor.execute(f"PREPARE {name} AS {numbered}")
     except DatabaseError as exc:

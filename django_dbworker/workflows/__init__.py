@@ -16,20 +16,25 @@ and cancels them as units.
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .builder import Chain, Group, Shape, Step, chain, group
-
 if TYPE_CHECKING:
+    from .builder import Chain, Group, Shape, Step, chain, group
     from .handle import WorkflowHandle, get
 
 __all__ = ["Chain", "Group", "Shape", "Step", "WorkflowHandle", "chain", "get", "group"]
 
+#: The module of each public name, imported on first use: ``builder`` makes workflows,
+#: which a supervisor and its children import this package for (``rows``, the duty that
+#: releases tasks waiting for rows) never do; ``handle`` reads the models, once the app
+#: registry is ready.
+_HOMES = {"Chain": "builder", "Group": "builder", "Shape": "builder", "Step": "builder",
+          "chain": "builder", "group": "builder", "WorkflowHandle": "handle", "get": "handle"}
+
 
 def __getattr__(name: str) -> Any:
-    # handle.py reads the models: imported on first use, once the app registry is ready.
-    if name in ("get", "WorkflowHandle"):
-        from . import handle
-
-        return getattr(handle, name)
-    raise AttributeError(f"module 'django_dbworker.workflows' has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'django_dbworker.workflows' has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{home}"), name)
