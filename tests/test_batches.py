@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 import django_dbworker
 from django_dbworker.models import TaskRecord, TaskStatus
@@ -162,6 +162,63 @@ def test_short_tasks_are_recorded_after_the_task_that_follows_them():
     assert TaskRecord.objects.get(pk=c.task_id).status == TaskStatus.RUNNING, "kept"
     assert [ok for _, ok in kept.flush()] == [True]
     kept.close()
+
+
+def test_a_batch_is_recorded_behind_and_collected_without_waiting():
+    """``record_behind``: the thread records what is kept at once (the child meanwhile
+    runs its next batch); ``fileno()`` turns readable, ``recorded()`` gives the outcomes
+    once, in order, and a unit taken over meanwhile comes back False."""
+    import select
+
+    claims = claimed(3)
+    TaskRecord.objects.filter(pk=claims[2].task_id).update(token=None)  # taken over
+    kept = Completions("default")
+    try:
+        assert kept.record_behind() is False, "nothing kept: nothing to record"
+        for i, c in enumerate(claims):
+            kept.add(Kept(c, i, c.claimed_at, lambda ok: ok, tag=i))
+        assert kept.record_behind() is True
+        assert select.select([kept.fileno()], [], [], 10)[0], "the thread says it recorded"
+        wait_for(lambda: not kept.behind, timeout=5, what="the record to end")
+        done = kept.recorded()
+        assert [(k.tag, ok) for k, ok in done] == [(0, True), (1, True), (2, False)]
+        assert kept.recorded() == [] and kept.flush() == [], "each outcome once"
+        assert TaskRecord.objects.filter(status=TaskStatus.SUCCESSFUL).count() == 2
+    finally:
+        kept.close()
+
+
+def test_a_record_behind_that_fails_is_left_to_the_main_threads_flush():
+    """The thread's record fails (the database refuses it): the kept tasks go back, the
+    child is woken, ``record_behind`` declines, and ``flush`` records them (or contains
+    the error) on the main thread."""
+    import select
+
+    (c,) = claimed(1)
+    kept = Completions("default")
+    real = taskstore.succeed_many
+    calls = []
+
+    def failing_once(done):
+        calls.append(len(done))
+        if len(calls) == 1:
+            raise DatabaseError("refused on purpose")
+        return real(done)
+
+    try:
+        kept.add(Kept(c, 7, c.claimed_at, lambda ok: ok))
+        taskstore.succeed_many = failing_once
+        assert kept.record_behind() is True
+        assert select.select([kept.fileno()], [], [], 10)[0]
+        wait_for(lambda: kept.failed_behind, timeout=5, what="the thread to give up")
+        assert kept.recorded() == [] and len(kept) == 1, "kept again, not lost"
+        assert kept.record_behind() is False, "the main thread records from now on"
+        assert [ok for _, ok in kept.flush()] == [True]
+        assert not kept.failed_behind
+        assert TaskRecord.objects.get(pk=c.task_id).return_value == 7
+    finally:
+        taskstore.succeed_many = real
+        kept.close()
 
 
 @pytest.mark.processes

@@ -9,7 +9,7 @@ import resource
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -128,7 +128,9 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
 
     A batch is reported when it is through: the supervisor tops up a child from its
     reports, so the next batch is usually in the pipe already. Successful tasks of a batch
-    are recorded together before it is reported (``completions``).
+    are recorded together (``completions``), by a thread while the child goes on: it
+    tells the supervisor how far it ran (``("ran", seq)``: room for the next batch) and
+    reports those tasks once their record is back.
 
     Async units (``aio.concurrent``) start in their turn too, but run beside each other on
     the child's event loop, up to ``handoff.slots`` at once, each reported as it is
@@ -149,6 +151,10 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                             lambda seq, claim, lines: run_one(seq, claim, using, lines))
     done = 0
     retiring = stopping = False
+    #: The last unit run to its end here: every unit numbered below it ended too (async
+    #: units run beside each other, never beside another kind). -1: none yet.
+    last_ran = -1
+    told = -1  # the last ``last_ran`` the supervisor was told of (``("ran", seq)``)
 
     def keep(seq: int) -> Callable[[Kept], None]:
         def add(kept: Kept) -> None:
@@ -157,7 +163,12 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
         return add
 
     def flush() -> None:
-        for kept, outcome in completions.flush():
+        deliver(completions.flush())
+
+    def deliver(outcomes: Sequence[tuple[Kept, bool | Exception]]) -> None:
+        """What follows the records of kept tasks: their ``after`` (signals, callbacks,
+        the log line), and their lines in the next report."""
+        for kept, outcome in outcomes:
             if isinstance(outcome, Exception):
                 contain(kept.tag, kept.claim, outcome, None, time.monotonic(), using, report)
                 continue
@@ -177,7 +188,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
 
     def start_next() -> bool:
         """Start the next waiting unit if it may start now; False if it must wait."""
-        nonlocal retiring
+        nonlocal retiring, last_ran
         seq, claim = waiting[0]
         if beside.slots > 1 and aio.concurrent(claim):
             if not beside.free():
@@ -191,7 +202,9 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
         waiting.popleft()
         if not handoff.start(seq):
             return True  # taken back: it runs elsewhere, or later
-        if completions.due():
+        # Many kept: recorded behind (the thread) while this batch goes on; the main
+        # thread records itself if the thread still writes the last ones (or failed).
+        if completions.due() and (completions.behind or not completions.record_behind()):
             flush()
         completions.started()
         if trace.ON:
@@ -199,6 +212,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
         run_one(seq, claim, using, report, keep(seq))
         completions.finished()
         handoff.finish(seq)
+        last_ran = seq
         retiring = ran_one() or retiring
         return True
 
@@ -219,16 +233,34 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                 elif report:
                     pipe.send(("report", report, False))
                 return
+            deliver(completions.recorded())  # what the thread recorded meanwhile
             if waiting and not (retiring or stopping) and not _blocked(waiting[0], beside):
+                if report:  # recorded behind: the supervisor forgets them, and tops us up
+                    pipe.send(("report", report, False))
+                    report = []
                 continue
-            flush()
+            # Through with what we hold: the successes kept are recorded behind while the
+            # supervisor sends more and we run it (with the database far away, waiting
+            # for that round trip cost as much as the batch); the supervisor is told we
+            # have room.
+            if not completions.record_behind() and not completions.behind:
+                flush()
             if report:
                 pipe.send(("report", report, False))
                 report = []
+            if completions.behind and last_ran > told:
+                pipe.send(("ran", last_ran))
+                told = last_ran
             handles: list[Any] = [beside.fileno()] if beside.running else []
+            # Always: a record the thread ended since we looked (behind may be over by
+            # now) left a byte there, so what it recorded is never left waiting.
+            handles.append(completions.fileno())
             if not (retiring or stopping):
                 handles.append(pipe)
-            if pipe not in (wait(handles) if handles else []):
+            ready = wait(handles) if handles else []
+            if completions.failed_behind:
+                flush()  # the thread could not record: here, with errors contained
+            if pipe not in ready:
                 continue
             try:
                 batch = pipe.recv()

@@ -63,6 +63,9 @@ class Child:
     stopping: bool = False
     #: Async units (``aio``) asked to cancel on the child's loop: when, by number.
     cancelling: dict[int, float] = field(default_factory=dict)
+    #: The last unit it said it ran to its end (``("ran", seq)``) before reporting it:
+    #: its record (and those of the units before it) is on its way. -1: none.
+    ran_upto: int = -1
 
     @property
     def pid(self) -> int | None:
@@ -102,6 +105,11 @@ class Child:
             with contextlib.suppress(OSError):
                 self.pipe.send(("cancel", seq))
         return time.monotonic() - asked
+
+    def open(self) -> int:
+        """Units sent that it has not run to their end (as far as it said)."""
+        upto = self.ran_upto
+        return len(self.sent) if upto < 0 else sum(1 for n in self.sent if n > upto)
 
     def waiting(self) -> list[Unit]:
         """Units sent that it has not started."""

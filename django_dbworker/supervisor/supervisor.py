@@ -256,7 +256,9 @@ class Supervisor:
         depth = self.prefetch.depth()
         if depth == 1:
             return 0 if ch.sent else 1
-        return depth if len(ch.sent) <= depth else 0
+        # Units it ran whose records are on their way (``("ran", seq)``) take no room, up
+        # to a batch more than two: a database that answers slowly slows the feed.
+        return depth if ch.open() <= depth and len(ch.sent) <= 3 * depth else 0
 
     def _feed(self) -> int:
         """Send each child with room units claimed ahead; returns the room left."""
@@ -539,6 +541,9 @@ class Supervisor:
             pass
 
     def _handle(self, ch: Child, message: tuple) -> None:
+        if message[0] == "ran":  # run to its end, its record on the way: room
+            ch.ran_upto = max(ch.ran_upto, message[1])
+            return
         _, report, retiring = message
         ch.retiring = ch.retiring or retiring
         for seq, kind, *details in report:
