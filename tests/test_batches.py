@@ -222,6 +222,20 @@ def test_a_record_behind_that_fails_is_left_to_the_main_threads_flush():
 
 
 @pytest.mark.processes
+def test_records_behind_lose_and_repeat_nothing_in_a_long_drain(runworkers):
+    """3,000 quick tasks through two children: each batch's successes recorded behind
+    while the next batch runs (``("ran", seq)`` tops the child up meanwhile): every task
+    SUCCESSFUL once, in one attempt, and the supervisor counts each once."""
+    results = tasks.add.enqueue_many([((n, 1), {}) for n in range(3000)])
+    p = runworkers("--burst", "--concurrency", "2", "--queue", "default")
+    assert p.wait(240) == 0, p.output()[-3000:]
+    rows = TaskRecord.objects.filter(pk__in=[r.id for r in results])
+    assert rows.filter(status=TaskStatus.SUCCESSFUL, attempts=1).count() == 3000
+    assert sorted(rows.values_list("return_value", flat=True)) == list(range(1, 3001))
+    assert "3000 units: successful 3000" in p.output(), p.output()[-2000:]
+
+
+@pytest.mark.processes
 def test_cancelling_a_task_does_not_run_again_the_tasks_before_it(runworkers, tmp_path):
     """Quick tasks sent in one batch with a task that then runs until it is cancelled:
     its child is killed, and the quick ones it ran before are recorded once, never run

@@ -155,6 +155,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
     #: units run beside each other, never beside another kind). -1: none yet.
     last_ran = -1
     told = -1  # the last ``last_ran`` the supervisor was told of (``("ran", seq)``)
+    low_water = 0  # half the last batch: the supervisor hears from us when that is left
 
     def keep(seq: int) -> Callable[[Kept], None]:
         def add(kept: Kept) -> None:
@@ -188,7 +189,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
 
     def start_next() -> bool:
         """Start the next waiting unit if it may start now; False if it must wait."""
-        nonlocal retiring, last_ran
+        nonlocal retiring, last_ran, told
         seq, claim = waiting[0]
         if beside.slots > 1 and aio.concurrent(claim):
             if not beside.free():
@@ -214,6 +215,17 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
         handoff.finish(seq)
         last_ran = seq
         retiring = ran_one() or retiring
+        if completions.has_recorded:  # a record behind came back: what follows it
+            deliver(completions.recorded())
+        if low_water and len(waiting) == low_water:
+            # Half the last batch left: what is done goes back now, and how far we ran
+            # (records on their way), so that the next batch is here before we run out.
+            if report:
+                pipe.send(("report", report, False))
+                report.clear()
+            if completions.behind and last_ran > told:
+                pipe.send(("ran", last_ran))
+                told = last_ran
         return True
 
     try:
@@ -275,6 +287,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                 beside.cancel(batch[1])
                 continue
             waiting.extend(batch)
+            low_water = len(batch) // 2
     finally:
         completions.close()
         beside.close()

@@ -127,6 +127,11 @@ class Completions:
         """Whether the thread has a record to make or is making one (``record_behind``)."""
         return self._writing or (self._now and bool(self._kept))
 
+    @property
+    def has_recorded(self) -> bool:
+        """Whether the thread recorded something not collected yet (``recorded``)."""
+        return bool(self._recorded)
+
     def fileno(self) -> int:
         """A descriptor that becomes readable when the thread recorded or gave up."""
         return self._wake_r
