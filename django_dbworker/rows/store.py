@@ -368,7 +368,7 @@ def record(c: Claim, outcome: Outcome, check: Any = None, *, final: bool = False
     except CompletionUncertain as exc:
         if _landed(c, now, connection.alias):
             return 1  # committed; the error was the next unit's, which did not begin
-        raise exc.error from None
+        raise exc.error from exc.error.__cause__  # its cause: what the database said
 
 
 def _landed(c: Claim, now: datetime, using: str) -> bool:

@@ -187,13 +187,15 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
         else:
             waiting.extend(message)
 
-    def then() -> units.Unit | None:
-        """The unit to run right after the one starting now (``_then``). When none waits,
-        the supervisor's next batch is usually in the pipe already (it sends one while the
-        child runs another): taken now, its first unit can begin with this one's
-        completion (``rows.chain``)."""
+    def then(now: units.Unit) -> units.Unit | None:
+        """The unit to run right after ``now``, which starts now (``_then``). When none
+        waits, the supervisor's next batch is usually in the pipe already (it sends one
+        while the child runs another): taken now, its first unit can begin with the
+        completion of ``now``, a row unit (``rows.chain``). Not after a task, nor while
+        task completions wait: those are recorded when the child is through its units."""
         nonlocal pulled
-        if not waiting and not (retiring or stopping):
+        if (not waiting and not (retiring or stopping) and units.begins_next(now)
+                and not len(completions)):
             try:
                 if pipe.poll():
                     receive(pipe.recv())
@@ -239,7 +241,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
         completions.started()
         if trace.ON:
             trace.mark("run", seq)
-        run_one(seq, claim, using, report, keep(seq), then())
+        run_one(seq, claim, using, report, keep(seq), then(claim))
         completions.finished()
         handoff.finish(seq)
         retiring = ran_one() or retiring

@@ -109,6 +109,12 @@ def run(c: Unit, keep: Callable[[Kept], None] | None = None, then: Unit | None =
         chain.upcoming(None)
 
 
+def begins_next(c: Unit) -> bool:
+    """Whether the completion of ``c`` may begin the next unit's transaction (a row unit:
+    ``rows.chain``)."""
+    return c.kind is EXECUTIONS
+
+
 def let_go() -> None:
     """End what a unit's completion began for the next unit, before this process does
     anything else with its connection (``rows.chain.discard``; nothing if it began
