@@ -257,3 +257,27 @@ def test_a_next_unit_whose_row_is_gone_is_forgotten(postgres):
     assert units.run(ca, then=cb).outcome == "finished"
     assert units.run(cb).outcome == "gone"
     _out_of_transaction()
+
+
+# ----- in a runworkers child ------------------------------------------------------------------
+
+
+def test_a_child_begins_each_next_units_transaction_with_the_last_completion(
+        postgres, runworkers, tmp_path):
+    """A real child, with its units claimed ahead: most units' transactions begin in the
+    query of the completion before them (the trace marks every statement the child
+    sends), and every unit is run and recorded exactly once."""
+    rows = Solo.objects.bulk_create([Solo() for _ in range(60)])
+    trace = tmp_path / "trace.txt"
+    rw = runworkers("--worker", "solo", "--concurrency", "1", "--burst",
+                    extra_env={"DBWORKER_TRACE": str(trace)})
+    assert rw.wait(60) == 0, rw.output()
+    assert {_status(r) for r in rows} == {ExecutionStatus.FINISHED}
+    assert all(Effect.objects.filter(item_id=r.pk, worker="solo").count() == 1 for r in rows)
+    sent = [line for line in trace.read_text().splitlines()
+            if " sql " in line and " sql PREPARE " not in line]
+    chained = [line for line in sent if "; COMMIT; BEGIN" in line]
+    completions = [line for line in sent  # prepared (EXECUTE ...; COMMIT) or not yet
+                   if "; COMMIT" in line or "WITH done AS (UPDATE" in line]
+    assert len(completions) == 60, "\n".join(sent)
+    assert len(chained) >= 30, f"{len(chained)} of 60 completions began the next unit"
