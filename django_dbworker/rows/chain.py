@@ -32,6 +32,7 @@ error) ends the carried transaction with a ROLLBACK (``discard``): it has only r
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from ..registry import Worker
     from .store import Claim
 
-__all__ = ["Carried", "UnitAtomic", "begin_next", "carried_for", "discard", "upcoming"]
+__all__ = ["Carried", "UnitAtomic", "begin_next", "carried_for", "carry", "discard", "upcoming"]
 
 
 @dataclass(slots=True)
@@ -62,23 +63,29 @@ class Carried:
     begin: Begin  # what it sent first; ``rows``: what its source row's read returned
 
 
-#: The unit the child runs after the current one, if it may be begun with its completion
-#: (set by ``supervisor.units.run``); None elsewhere (tests' ``run_until_idle`` too).
-_upcoming: Claim | None = None
-_carried: Carried | None = None
+class _State(threading.local):
+    """Per thread, as Django's connections are: a child's async units run their own
+    bookkeeping in threads of their own (``supervisor/aio.py``), on other connections."""
+
+    #: The unit run after the current one, if it may be begun with its completion (set by
+    #: ``supervisor.units.run``); None elsewhere (tests' ``run_until_idle`` too).
+    upcoming: Claim | None = None
+    carried: Carried | None = None
+
+
+_state = _State()
 
 
 def upcoming(c: Claim | None) -> None:
-    """Say which unit runs next in this process (None: none known)."""
-    global _upcoming
-    _upcoming = c
+    """Say which unit this thread runs next (None: none known)."""
+    _state.upcoming = c
 
 
 def begin_next(worker: Worker, using: str) -> tuple[Begin, Any] | None:
     """Where the completion of the running unit of ``worker`` (final, about to COMMIT in its
     query) may begin the next unit's transaction: what to send (``Begin``) and how to
     carry it (pass to ``carry``); else None."""
-    nxt = _upcoming
+    nxt = _state.upcoming
     connection = connections[using]
     if (nxt is None or connection.run_on_commit
             or not engine_for(connection).begins_with_completion):
@@ -106,11 +113,10 @@ def begin_next(worker: Worker, using: str) -> tuple[Begin, Any] | None:
 def carry(begin: Begin, plan: Any, using: str) -> bool:
     """After the completion's query: keep the transaction it began (``begin.rows`` set)
     for the next unit; True if it did."""
-    global _carried
     if begin.rows is None:
         return False
     nxt, reader = plan
-    _carried = Carried(using, connections[using].connection, nxt.execution_id, nxt.token,
+    _state.carried = Carried(using, connections[using].connection, nxt.execution_id, nxt.token,
                        reader, begin)
     return True
 
@@ -118,23 +124,21 @@ def carry(begin: Begin, plan: Any, using: str) -> bool:
 def carried_for(c: Claim, using: str) -> Carried | None:
     """The transaction begun for ``c``, taken (None: none; one begun for another unit is
     ended)."""
-    global _carried
-    held = _carried
+    held = _state.carried
     if held is None:
         return None
     if (held.execution_id != c.execution_id or held.token != c.token or held.using != using
             or connections[using].connection is not held.raw):
         discard()
         return None
-    _carried = None
+    _state.carried = None
     return held
 
 
 def discard() -> None:
     """End the transaction begun for a unit that will not run now (it has only read):
     ROLLBACK, and Django's autocommit back on; a connection that fails at it is closed."""
-    global _carried
-    held, _carried = _carried, None
+    held, _state.carried = _state.carried, None
     if held is None:
         return
     connection = connections[held.using]

@@ -100,6 +100,8 @@ def run(c: Unit, keep: Callable[[Kept], None] | None = None, then: Unit | None =
     does not run next after all)."""
     if logger.isEnabledFor(logging.DEBUG):
         log_event(logging.DEBUG, "started", **c.describe(), pid=os.getpid())
+    if c.kind is not EXECUTIONS:
+        chain.discard()  # a transaction begun for a row unit is no task's
     if then is None or then.kind is not EXECUTIONS:
         return c.run(keep)
     chain.upcoming(cast("store.Claim", then))
