@@ -25,6 +25,29 @@ class TransactionEnded(Exception):
     """A completion ran in another transaction than the one its handler began."""
 
 
+class CompletionUncertain(Exception):
+    """The query that held a row's completion, its COMMIT and the next unit's first
+    statement (``Begin``) failed, and which of them failed is not known: whether the
+    completion committed is for the caller to find out. ``error``: what the query raised;
+    the connection is out of any transaction."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass(slots=True)
+class Begin:
+    """The next unit's transaction, to begin in the query that commits a row's completion
+    (``Engine.begins_with_completion``): its first statement (the next unit's source row
+    read) and its parameters. ``rows``: what that statement returned, set once the
+    transaction began (None: it did not; the connection is then as after any completion)."""
+
+    sql: str
+    params: Sequence[Any]
+    rows: list[tuple[Any, ...]] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A claim as the stores describe it to the engine: which rows, in what order, and what
@@ -113,6 +136,10 @@ class Engine:
     #: A row's completion may COMMIT in the same query when it ends its transaction
     #: (``complete(..., final=True)``); the runner only works out ``final`` where it can.
     commits_with_completion: ClassVar[bool] = False
+    #: A completion that COMMITs in its query may also begin the next unit's transaction
+    #: there, with that transaction's first statement (``complete(..., then=Begin(...))``):
+    #: one round trip between two units of a child instead of two (``rows/chain.py``).
+    begins_with_completion: ClassVar[bool] = False
     #: An idle supervisor can learn cheaply that another connection committed.
     watches_commits: ClassVar[bool] = False
     #: ``set_progress()`` inside a transactional handler writes in the handler's own
@@ -273,12 +300,14 @@ class Engine:
         return self.transaction_marker(connection)
 
     def complete(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
-                 check: Any = None, final: bool = False) -> int:
+                 check: Any = None, final: bool = False, then: Begin | None = None) -> int:
         """Run a row's fenced completion ``sql``; the rows it changed (0: the claim is not
         current). ``check``: the ``TransactionCheck`` of a transactional handler, verified
         here (``TransactionEnded`` if the handler ended its transaction). ``final``: the
         completion is the last statement of the outermost transaction, so an engine may
-        COMMIT with it; returns 1 only once committed then."""
+        COMMIT with it; returns 1 only once committed then. ``then``: where the engine
+        ``begins_with_completion`` and COMMITs with this one, the next transaction to begin
+        in the same query (``then.rows`` tells whether it did); elsewhere ignored."""
         if check is not None and not check.unchanged():
             raise TransactionEnded
         with connection.cursor() as cursor:

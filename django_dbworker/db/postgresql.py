@@ -22,7 +22,15 @@ from django.db.models import JSONField
 
 from .. import conf
 from . import prepared
-from .engine import Claim, Engine, RowTriggers, TransactionEnded, Trigger
+from .engine import (
+    Begin,
+    Claim,
+    CompletionUncertain,
+    Engine,
+    RowTriggers,
+    TransactionEnded,
+    Trigger,
+)
 
 #: The end of a row completion's WHERE: no WAL flush at COMMIT for a transaction that wrote
 #: nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a transaction
@@ -43,6 +51,7 @@ class PostgreSQL(Engine):
     vendor = "postgresql"
     notifies: ClassVar[bool] = True
     commits_with_completion: ClassVar[bool] = True
+    begins_with_completion: ClassVar[bool] = True
     marker_sql: ClassVar[str | None] = "transaction_timestamp()"
 
     # ----- connections ------------------------------------------------------------------
@@ -226,15 +235,16 @@ class PostgreSQL(Engine):
             return cursor.fetchone()[0]
 
     def complete(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
-                 check: Any = None, final: bool = False) -> int:
+                 check: Any = None, final: bool = False, then: Begin | None = None) -> int:
         """The marker is read by the completion itself (``RETURNING``), so an UPDATE run in
         whatever transaction the handler left is rolled back with it; with ``final`` and
-        client-side binding, the completion COMMITs in the same query."""
+        client-side binding, the completion COMMITs in the same query, and ``then`` begins
+        there too."""
         if check is None or check.begun is None:
             return super().complete(connection, sql, params,
                                     check=check if check is not None else None)
         if final and binds_on_client(connection):
-            return self._complete_and_commit(connection, sql, params, check.begun)
+            return self._complete_and_commit(connection, sql, params, check.begun, then)
         with connection.cursor() as cursor:
             self.execute_completion(cursor, f"{sql} RETURNING {self.marker_sql}", params)
             rows = cursor.fetchall()
@@ -243,14 +253,25 @@ class PostgreSQL(Engine):
         return len(rows)
 
     def _complete_and_commit(self, connection: BaseDatabaseWrapper, sql: str,
-                             params: Sequence[Any], begun: datetime) -> int:
+                             params: Sequence[Any], begun: datetime,
+                             then: Begin | None = None) -> int:
         """The completion, then COMMIT, in one query: the last statement of a transactional
         handler's transaction, a round trip less per unit. COMMIT runs only if the UPDATE
         changed the unit and the transaction is still the one begun (``begun``); otherwise
         the query fails before COMMIT and the transaction is left aborted for the caller to
         roll back: 0 when the claim is not current, ``TransactionEnded`` when the handler
         ended the transaction. A failed COMMIT (a deferred constraint) raises as
-        ``commit()`` would."""
+        ``commit()`` would.
+
+        ``then``: after COMMIT, the same query begins the next transaction (BEGIN as
+        psycopg words it) with ``then.sql`` as its first statement, whose rows go to
+        ``then.rows``; the connection is then in that transaction. The server runs a
+        query's statements in order and stops at the first that fails, so nothing of
+        ``then`` runs unless this transaction committed. A failure the markers do not
+        name may have come before COMMIT or after it: the connection is rolled back and
+        ``CompletionUncertain`` raised, for the caller to read whether the completion
+        committed."""
+        start = _next_begin(connection) if then is not None else None
         guarded = (
             f"WITH done AS ({sql} RETURNING 1) SELECT CASE "
             # Not constants (STABLE functions, an aggregate), so not evaluated at plan time.
@@ -261,13 +282,27 @@ class PostgreSQL(Engine):
         )
         with connection.cursor() as cursor:
             try:
-                self.execute_completion(cursor, guarded, [*params, begun], then="COMMIT")
+                if then is None or start is None:
+                    self.execute_completion(cursor, guarded, [*params, begun], then="COMMIT")
+                else:
+                    read = prepared.query(cursor, then.sql)
+                    self.execute_completion(cursor, guarded, [*params, begun, *then.params],
+                                            then=f"COMMIT; {start}; {read}")
+                    for _ in range(3):  # COMMIT, BEGIN, then the read's rows
+                        cursor.nextset()
+                    then.rows = cursor.fetchall()
             except DataError as exc:
                 if _NOT_CURRENT in str(exc):
                     return 0
                 if _ENDED in str(exc):
                     raise TransactionEnded from None
-                raise
+                if start is None or not _uncertain(connection):
+                    raise
+                raise CompletionUncertain(exc) from exc
+            except DatabaseError as exc:
+                if start is None or not _uncertain(connection):
+                    raise
+                raise CompletionUncertain(exc) from exc
         return 1
 
     # ----- SQL fragments ----------------------------------------------------------------
@@ -623,6 +658,35 @@ def execute_first(cursor: Any, sql: str, params: Sequence[Any], *,
     finally:
         raw._autocommit = False
     cursor.nextset()
+
+
+def _next_begin(connection: BaseDatabaseWrapper) -> str | None:
+    """The BEGIN psycopg would send for the next transaction of ``connection`` (its
+    isolation level and access mode), when it is in one now and in no pipeline; None
+    where that cannot be told (psycopg's private ``_get_tx_start_command`` is looked for,
+    not assumed)."""
+    from psycopg.pq import TransactionStatus
+
+    raw = connection.connection
+    if (raw is None or raw.autocommit or getattr(raw, "_pipeline", None) is not None
+            or raw.pgconn.transaction_status != TransactionStatus.INTRANS
+            or not callable(getattr(raw, "_get_tx_start_command", None))):
+        return None
+    return str(raw._get_tx_start_command().decode())
+
+
+def _uncertain(connection: BaseDatabaseWrapper) -> bool:
+    """After a failed query that held a completion, COMMIT and the next transaction's
+    first statement: roll back whatever transaction the connection is in; False where the
+    connection is lost (its error goes as it is: the caller's outage path)."""
+    raw = connection.connection
+    if raw is None or raw.closed or getattr(raw, "broken", False):
+        return False
+    try:
+        raw.rollback()
+    except Exception:
+        return False
+    return True
 
 
 def _client_side(cursor: Any) -> bool:

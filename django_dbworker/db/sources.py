@@ -39,10 +39,19 @@ class Reader:
 
     def read[M: models.Model](self, model: type[M], pk: Any, using: str,
                               first: bool = False) -> M | None:
+        connection = connections[using]
+        rows = engine_for(connection).read(connection, self.sql, self.bind(pk), first=first)
+        return self.instance(model, rows, using)
+
+    def bind(self, pk: Any) -> list[Any]:
+        """The parameters of ``sql`` for the row of primary key ``pk`` (a database value)."""
         params = list(self.params)
         params[self.slot] = pk
-        connection = connections[using]
-        rows = engine_for(connection).read(connection, self.sql, params, first=first)
+        return params
+
+    def instance[M: models.Model](self, model: type[M], rows: list[tuple[Any, ...]],
+                                  using: str) -> M | None:
+        """The instance of what ``sql`` returned (None: no row)."""
         if not rows:
             return None
         if self.converters:
@@ -65,11 +74,7 @@ def get[M: models.Model](model: type[M], pk: Any, using: str,
 
     ``first``: the read is the first statement of the transaction just opened (its BEGIN
     may go with it: ``postgresql.execute_first``)."""
-    key = (using, connections[using].vendor, model, tuple(annotations or ()))
-    reader = _readers.get(key, _UNKNOWN)
-    if reader is _UNKNOWN:  # the manager is copied for the database only then (a tenth
-        manager = model._default_manager.db_manager(using)  # of a cached read's time)
-        reader = _readers[key] = _reader(manager, annotations or {}, using)
+    reader = _reader_of(model, using, annotations)
     if reader is None:
         manager = model._default_manager.db_manager(using)
         qs = manager.annotate(**annotations) if annotations else manager.all()
@@ -79,6 +84,27 @@ def get[M: models.Model](model: type[M], pk: Any, using: str,
         raise does_not_exist(model)(
             f"{model._meta.object_name} matching query does not exist.")
     return instance
+
+
+def statement(model: type[models.Model], pk: Any, using: str,
+              annotations: dict[str, Any] | None = None) -> tuple[Reader, list[Any]] | None:
+    """What ``get`` would send for the row of ``model`` with primary key ``pk``, without
+    sending it: the ``Reader`` (its ``sql``, and ``instance`` for the rows it returns) and
+    the parameters; None where ``get`` runs the manager's own ``get()``."""
+    reader = _reader_of(model, using, annotations)
+    if reader is None:
+        return None
+    return reader, reader.bind(_prep(model, pk, using))
+
+
+def _reader_of(model: type[models.Model], using: str,
+               annotations: dict[str, Any] | None) -> Reader | None:
+    key = (using, connections[using].vendor, model, tuple(annotations or ()))
+    reader = _readers.get(key, _UNKNOWN)
+    if reader is _UNKNOWN:  # the manager is copied for the database only then (a tenth
+        manager = model._default_manager.db_manager(using)  # of a cached read's time)
+        reader = _readers[key] = _reader(manager, annotations or {}, using)
+    return reader
 
 
 def does_not_exist(model: type[models.Model]) -> type[ObjectDoesNotExist]:

@@ -20,7 +20,15 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import conf
 from . import direct
-from .engine import Claim, Engine, RowTriggers, TransactionEnded, Trigger, row_trigger_statements
+from .engine import (
+    Begin,
+    Claim,
+    Engine,
+    RowTriggers,
+    TransactionEnded,
+    Trigger,
+    row_trigger_statements,
+)
 
 if TYPE_CHECKING:
     from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
@@ -169,7 +177,7 @@ class SQLite(Engine):
         return None if raw is None or not raw.in_transaction else "in-transaction"
 
     def complete(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
-                 check: Any = None, final: bool = False) -> int:
+                 check: Any = None, final: bool = False, then: Begin | None = None) -> int:
         """In the handler's transaction (which holds the write lock), on the ``sqlite3``
         connection directly (``direct``)."""
         if check is not None and not check.unchanged():

@@ -25,7 +25,7 @@ from ..outcomes import Finished, Result, RunOutcome, Snooze, Unfinished
 from ..registry import Worker, workers
 from ..supervisor import aio
 from ..tasks import retry
-from . import keys, pending, released, store
+from . import chain, keys, pending, released, store
 from .store import Claim, FailureInfo
 
 logger = logging.getLogger("django_dbworker")
@@ -43,6 +43,7 @@ def run(c: Claim) -> Result:
     """Run the handler for ``c`` and record its outcome; never raises for handler errors."""
     started = time.monotonic()
     worker = workers[c.worker]
+    carried = chain.carried_for(c, conf.get().DATABASE)  # begun with the last completion
     raw = _raw_connection()
     token = pending.running.set(pending.Running(c.execution_id, c.worker, c.source_key))
     unit = progress.current.set(progress.Unit("execution", str(c.execution_id)))
@@ -50,7 +51,7 @@ def run(c: Claim) -> Result:
     try:
         try:
             if worker.transactional:
-                outcome = _run_in_transaction(worker, c)
+                outcome = _run_in_transaction(worker, c, carried)
             else:
                 outcome = _run_then_record(worker, c)
         except Snooze as exc:
@@ -100,9 +101,19 @@ def _context(worker: Worker, c: Claim) -> Context:
     )
 
 
-def _source(worker: Worker, c: Claim, using: str, check: TransactionCheck | None = None) -> Any:
+def _source(worker: Worker, c: Claim, using: str, check: TransactionCheck | None = None,
+            carried: chain.Carried | None = None) -> Any:
     """The unit's source row; with ``check`` (in the transaction of a transactional
-    handler, as its first statement), its transaction marker is read alongside."""
+    handler, as its first statement), its transaction marker is read alongside. With
+    ``carried``, both were read when the previous unit's completion began the transaction
+    (``rows.chain``)."""
+    if carried is not None:
+        source = carried.reader.instance(worker.source, carried.begin.rows or [], using)
+        if source is None:
+            raise _SourceGone
+        if check is not None:
+            check.begin(source)
+        return source
     extra = check.annotations() if check is not None else None
     try:
         source = sources.get(worker.source, keys.from_key(worker.source, c.source_key), using,
@@ -133,12 +144,14 @@ def _call(worker: Worker, c: Claim, source: Any) -> Finished | Unfinished:
     return outcome
 
 
-def _run_in_transaction(worker: Worker, c: Claim) -> RunOutcome:
+def _run_in_transaction(worker: Worker, c: Claim,
+                        carried: chain.Carried | None = None) -> RunOutcome:
     using = conf.get().DATABASE
     connection = connections[using]
     check = TransactionCheck(using)
-    with transaction.atomic(using=using):
-        source = _source(worker, c, using, check)
+    atomic = chain.UnitAtomic(using, carried)
+    with atomic:
+        source = _source(worker, c, using, check, atomic.carried)
         token = released.point.set(released.Point(using, check,
                                                   len(connection.atomic_blocks)))
         try:
@@ -151,7 +164,7 @@ def _run_in_transaction(worker: Worker, c: Claim) -> RunOutcome:
                 "transaction; its writes are lost. Do not close the connection in a "
                 "transactional worker."
             )
-        return _record(worker, c, outcome, check)
+        return _record(worker, c, outcome, check, atomic)
 
 
 def _snoozed(worker: Worker, c: Claim, exc: Snooze) -> RunOutcome:
@@ -170,10 +183,12 @@ def _ended_itself(worker: Worker) -> HandlerTransactionError:
 
 
 def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished,
-            check: TransactionCheck | None = None) -> RunOutcome:
+            check: TransactionCheck | None = None,
+            atomic: chain.UnitAtomic | None = None) -> RunOutcome:
     """Have the store write the outcome (``store.record``, guarded by the claim's token);
     raise LeaseLost if the claim is not ours, HandlerTransactionError if a transactional
-    handler (``check``) ended its transaction itself."""
+    handler (``check``) ended its transaction itself. A final completion in the unit's
+    ``atomic`` may begin the next unit's transaction (``rows.chain``)."""
     final = _final(worker, check)
     try:
         current = pending.running.get()
@@ -181,8 +196,13 @@ def _record(worker: Worker, c: Claim, outcome: Finished | Unfinished,
             if not store.forget_checked(c, check):
                 raise LeaseLost(_lost(worker, c))
             return GONE
-        if not store.record(c, outcome, check, final=final):
+        using = conf.get().DATABASE
+        plan = chain.begin_next(worker, using) if final and atomic is not None else None
+        begin = plan[0] if plan is not None else None
+        if not store.record(c, outcome, check, final=final, then=begin):
             raise LeaseLost(_lost(worker, c))
+        if plan is not None and atomic is not None and chain.carry(plan[0], plan[1], using):
+            atomic.chained = True
     except TransactionEnded:
         raise _ended_itself(worker) from None
     if not final:  # else there are none

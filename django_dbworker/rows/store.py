@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import TransactionEnded, compiled, engine, engine_for
+from ..db.engine import Begin, CompletionUncertain
 from ..db.engine import Claim as EngineClaim
 from ..models import Execution, Failure, State, Transition
 from ..outcomes import Finished, Outcome, Unfinished
@@ -281,7 +282,8 @@ def _live(c: Claim, using: str, now: datetime) -> Any:
     return qs.filter(lease_expires_at__gt=now) if lease_live(using) else qs
 
 
-def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[Any]]:
+def _completion(c: Claim, outcome: Outcome, connection: Any,
+                ) -> tuple[str, list[Any], datetime]:
     """``complete``'s guarded UPDATE as SQL: it runs once per unit, so it is written out
     rather than built with the ORM (the same guard as ``_live``). What is the same for
     every unit (the states, NULLs, zero) is written into the statement; the parameters
@@ -305,7 +307,7 @@ def _completion(c: Claim, outcome: Outcome, connection: Any) -> tuple[str, list[
     params += [c.execution_id, field("token").get_db_prep_save(c.token, connection), from_state]
     if live:
         params.append(at)
-    return sql, params
+    return sql, params, now
 
 
 def _completion_statement(connection: Any, live: bool, finished: bool) -> str:
@@ -345,7 +347,8 @@ def complete(c: Claim, outcome: Outcome) -> int:
     return record(c, outcome)
 
 
-def record(c: Claim, outcome: Outcome, check: Any = None, *, final: bool = False) -> int:
+def record(c: Claim, outcome: Outcome, check: Any = None, *, final: bool = False,
+           then: Begin | None = None) -> int:
     """Write ``outcome`` for ``c``, fenced by its token (and lease): the rows changed (0:
     the claim is no longer current). Which statement does it is the engine's business
     (``Engine.complete``).
@@ -353,11 +356,26 @@ def record(c: Claim, outcome: Outcome, check: Any = None, *, final: bool = False
     ``check``: the ``TransactionCheck`` of a transactional handler; ``TransactionEnded``
     is raised if the handler ended its transaction. ``final``: the completion is the last
     statement of the outermost transaction, so the engine may COMMIT with it (then 1 means
-    committed).
+    committed). ``then``: the next unit's transaction, begun in the same query where the
+    engine can (``rows/chain.py``); if that query fails where the engine cannot tell
+    whether the completion committed, the execution row tells (``_landed``).
     """
     connection = connections[_alias()]
-    sql, params = _completion(c, outcome, connection)
-    return engine_for(connection).complete(connection, sql, params, check=check, final=final)
+    sql, params, now = _completion(c, outcome, connection)
+    try:
+        return engine_for(connection).complete(connection, sql, params, check=check,
+                                               final=final, then=then)
+    except CompletionUncertain as exc:
+        if _landed(c, now, connection.alias):
+            return 1  # committed; the error was the next unit's, which did not begin
+        raise exc.error from exc.error.__cause__  # its cause: what the database said
+
+
+def _landed(c: Claim, now: datetime, using: str) -> bool:
+    """Whether the completion of ``c`` written at ``now`` committed: the row's token is
+    gone and its ``finished_at`` is that completion's (a token is never reused)."""
+    return Execution.objects.using(using).filter(
+        id=c.execution_id, token__isnull=True, finished_at=now).exists()
 
 
 def forget_checked(c: Claim, check: Any = None) -> int:

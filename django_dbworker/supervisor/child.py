@@ -78,14 +78,15 @@ def _raw_connection(using: str) -> Any:
 
 
 def run_one(seq: int, claim: units.Unit, using: str, report: list[tuple[Any, ...]],
-            keep: Callable[[Kept], None] | None = None) -> None:
+            keep: Callable[[Kept], None] | None = None, then: units.Unit | None = None,
+            ) -> None:
     """Run one unit and add what to report of it to ``report``; never raises for anything
-    the unit does (``contain``)."""
+    the unit does (``contain``). ``then``: the unit to run right after it (``units.run``)."""
     started = time.monotonic()
     raw = None
     try:
         raw = _raw_connection(using)
-        result = units.run(claim, keep)
+        result = units.run(claim, keep, then)
         if result is not None:
             report.append((seq, "result", result))
     except Exception as exc:  # nothing a unit does kills its child
@@ -97,6 +98,7 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
     """``exc`` escaped the unit: a lost connection gives it back; anything else is the
     unit's own fault and becomes its FAILED record, here and now; if even that cannot
     be recorded, the supervisor releases it as a crash (MAX_CRASHES ends it)."""
+    units.let_go()
     if isinstance(exc, DatabaseError) and (engine(using).session_lost(exc)
                                            or units.transient(exc)
                                            or not connected(using, raw)):
@@ -156,6 +158,9 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
     last_ran = -1
     told = -1  # the last ``last_ran`` the supervisor was told of (``("ran", seq)``)
     low_water = 0  # half the last batch: the supervisor hears from us when that is left
+    #: A batch was taken from the pipe before the one running was through (``then``): the
+    #: units through are reported at once, not when no unit waits.
+    pulled = False
 
     def keep(seq: int) -> Callable[[Kept], None]:
         def add(kept: Kept) -> None:
@@ -164,11 +169,14 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
         return add
 
     def flush() -> None:
+        units.let_go()  # before any other statement, and before the child waits or exits
         deliver(completions.flush())
 
     def deliver(outcomes: Sequence[tuple[Kept, bool | Exception]]) -> None:
         """What follows the records of kept tasks: their ``after`` (signals, callbacks,
         the log line), and their lines in the next report."""
+        if outcomes:
+            units.let_go()  # before any other statement (``rows.chain``)
         for kept, outcome in outcomes:
             if isinstance(outcome, Exception):
                 contain(kept.tag, kept.claim, outcome, None, time.monotonic(), using, report)
@@ -180,6 +188,45 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                           error=f"{type(exc).__name__}: {safe_message(exc)}"[:1000])
                 report.append((kept.tag, "result", kept.claim.result(
                     RunOutcome.SUCCESSFUL if outcome else RunOutcome.LEASE_LOST, 0.0)))
+
+    def receive(message: Any) -> None:
+        """One message of the supervisor's: units to run, a cancel, or None (stop)."""
+        nonlocal stopping, low_water
+        if trace.ON:
+            trace.mark("received", len(message) if message else message)
+        if message is None:
+            stopping = True  # after the async units that run
+        elif isinstance(message, tuple):  # ("cancel", seq): an async task's cancel
+            beside.cancel(message[1])
+        else:
+            waiting.extend(message)
+            low_water = len(message) // 2
+
+    def then(now: units.Unit) -> units.Unit | None:
+        """The unit to run right after ``now``, which starts now (``_then``). When none
+        waits, the supervisor's next batch is usually in the pipe already (it sends one
+        while the child runs another): taken now, its first unit can begin with the
+        completion of ``now``, a row unit (``rows.chain``). Not after a task, nor while
+        task completions wait: those are recorded when the child is through its units."""
+        nonlocal pulled
+        if (not waiting and not (retiring or stopping) and units.begins_next(now)
+                and not len(completions) and not completions.behind):
+            try:
+                if pipe.poll():
+                    receive(pipe.recv())
+                    pulled = True
+            except (EOFError, OSError):
+                return None
+        return _then(waiting, beside, completions)
+
+    def report_pulled() -> None:
+        """After a batch taken early (``then``), report what is through now, as the child
+        would once no unit waits: the supervisor tops its children up from their reports."""
+        nonlocal pulled
+        if pulled and report and not retiring and not len(completions):
+            pipe.send(("report", report, False))
+            report.clear()
+            pulled = False
 
     def ran_one() -> bool:
         """Count a unit through; True when the child retires now."""
@@ -202,6 +249,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
             return False  # it runs alone, after the async units
         waiting.popleft()
         if not handoff.start(seq):
+            units.let_go()  # what its last unit's completion began for it, if anything
             return True  # taken back: it runs elsewhere, or later
         # Many kept: recorded behind (the thread) while this batch goes on; the main
         # thread records itself if the thread still writes the last ones (or failed).
@@ -210,7 +258,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
         completions.started()
         if trace.ON:
             trace.mark("run", seq)
-        run_one(seq, claim, using, report, keep(seq))
+        run_one(seq, claim, using, report, keep(seq), then(claim))
         completions.finished()
         handoff.finish(seq)
         last_ran = seq
@@ -226,6 +274,7 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
             if completions.behind and last_ran > told:
                 pipe.send(("ran", last_ran))
                 told = last_ran
+        report_pulled()
         return True
 
     try:
@@ -278,20 +327,24 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
                 batch = pipe.recv()
             except (EOFError, OSError):
                 return
-            if trace.ON:
-                trace.mark("received", len(batch) if batch else batch)
-            if batch is None:
-                stopping = True  # after the async units that run
-                continue
-            if isinstance(batch, tuple):  # ("cancel", seq): an async task's cancel
-                beside.cancel(batch[1])
-                continue
-            waiting.extend(batch)
-            low_water = len(batch) // 2
+            receive(batch)
     finally:
+        units.let_go()
         completions.close()
         beside.close()
         connections.close_all()
+
+
+def _then(waiting: deque[tuple[int, units.Unit]], beside: aio.AsyncUnits,
+          completions: Completions) -> units.Unit | None:
+    """The unit the child runs right after the one it starts now, with nothing in between
+    (no task completions to record first, no async unit to start or wait for): its
+    transaction may begin with this one's completion (``units.run``); None if unknown."""
+    if (not waiting or len(completions) or completions.behind or completions.has_recorded
+            or beside.running):
+        return None
+    then = waiting[0][1]
+    return None if beside.slots > 1 and aio.concurrent(then) else then
 
 
 def _blocked(claim: tuple[int, units.Unit], beside: aio.AsyncUnits) -> bool:

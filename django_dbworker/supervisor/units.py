@@ -14,13 +14,13 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from django.db import DatabaseError, OperationalError
 
 from ..db import engine
 from ..logs import log_event, logger
-from ..rows import store
+from ..rows import chain, store
 from ..rows.store import Claimant, FailureInfo
 from ..rows.unit import EXECUTIONS
 from ..tasks import store as taskstore
@@ -92,12 +92,36 @@ class Unit(Protocol):
 KINDS: tuple[Kind, ...] = (EXECUTIONS, TASKS)
 
 
-def run(c: Unit, keep: Callable[[Kept], None] | None = None) -> Any:
+def run(c: Unit, keep: Callable[[Kept], None] | None = None, then: Unit | None = None) -> Any:
     """Run a unit and record its outcome; returns the ``Result``, or None for a task whose
-    success went to ``keep`` to be recorded later (``completions``)."""
+    success went to ``keep`` to be recorded later (``completions``). ``then``: the unit
+    this process runs right after it, with nothing in between (a child's next): a row
+    unit's completion may begin its transaction (``rows.chain``; ``let_go`` ends it if it
+    does not run next after all)."""
     if logger.isEnabledFor(logging.DEBUG):
         log_event(logging.DEBUG, "started", **c.describe(), pid=os.getpid())
-    return c.run(keep)
+    if c.kind is not EXECUTIONS:
+        chain.discard()  # a transaction begun for a row unit is no task's
+    if then is None or then.kind is not EXECUTIONS:
+        return c.run(keep)
+    chain.upcoming(cast("store.Claim", then))
+    try:
+        return c.run(keep)
+    finally:
+        chain.upcoming(None)
+
+
+def begins_next(c: Unit) -> bool:
+    """Whether the completion of ``c`` may begin the next unit's transaction (a row unit:
+    ``rows.chain``)."""
+    return c.kind is EXECUTIONS
+
+
+def let_go() -> None:
+    """End what a unit's completion began for the next unit, before this process does
+    anything else with its connection (``rows.chain.discard``; nothing if it began
+    nothing)."""
+    chain.discard()
 
 
 def run_here(c: Unit) -> str:
