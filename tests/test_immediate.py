@@ -265,3 +265,13 @@ def test_aenqueue_runs_it_too():
 
     result = run_async(now(tasks.add).aenqueue(20, 22))
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 42
+
+
+def test_a_task_retried_without_end_stops_at_the_cap(monkeypatch):
+    from django_dbworker.tasks import immediate
+
+    monkeypatch.setattr(immediate, "MAX_ATTEMPTS", 2)
+    with pytest.raises(RuntimeError, match="immediate mode ran 2 attempts"):
+        now(tasks.always_fails).enqueue()  # three attempts: the third is refused
+    row = TaskRecord.objects.get(task_path=tasks.always_fails.module_path)
+    assert row.attempts == 2 and row.status == TaskStatus.READY  # given back: stored, not lost

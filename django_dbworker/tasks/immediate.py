@@ -22,6 +22,10 @@ from ..models import TaskDependency, TaskRecord, TaskStatus
 from ..rows.store import Claimant
 from . import store as taskstore
 
+#: Most attempts one enqueue runs in the caller (a task with retries=1_000_000 that always
+#: fails would otherwise hold the caller for its million attempts).
+MAX_ATTEMPTS = 10_000
+
 
 def run(ids: Iterable[Any]) -> int:
     """Run the tasks ``ids`` (and the dependents their ends release) in this process until
@@ -40,6 +44,13 @@ def run(ids: Iterable[Any]) -> int:
                                              timezone.now(), held=False)
             if not claims:
                 return attempts
+            if attempts + len(claims) > MAX_ATTEMPTS:
+                taskstore.unclaim(claims)  # back as they were, their attempt taken back
+                raise RuntimeError(
+                    f"immediate mode ran {attempts} attempts for one enqueue and tasks are "
+                    "still due (a task retried that many times, or dependents without "
+                    "end); the rest stays stored for runworkers "
+                    "(django_dbworker.tasks.immediate.MAX_ATTEMPTS).")
             ran = [c.unit_pk for c in claims]
             for claim in sorted(claims, key=taskstore.claim_order):
                 units.run_here(claim)
@@ -53,4 +64,3 @@ def run(ids: Iterable[Any]) -> int:
     finally:
         progress.close()
     return attempts
-
