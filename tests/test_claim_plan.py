@@ -64,11 +64,16 @@ def history(request: pytest.FixtureRequest) -> dict[str, list[int]]:
     waiting: dict[str, list[int]] = {}
     with connection.cursor() as cursor:
         for kind in ("touch", "ranked"):
-            cursor.executemany(
-                f"INSERT INTO {quote(SOURCE)} (kind, action, enabled, {quote('rank')}, steps) "
-                "VALUES (%s, 'ok', %s, %s, 0)",
-                [(kind, True, (i * 7919) % 10_007) for i in range(ROWS_PER_WORKER)],
-            )
+            # Multi-row INSERTs, a thousand rows each: executemany() sends one statement
+            # per row with some drivers (mysqlclient here: 4.4 s of the 4.6 s set-up).
+            ranks = [(i * 7919) % 10_007 for i in range(ROWS_PER_WORKER)]
+            for start in range(0, ROWS_PER_WORKER, 1_000):
+                chunk = ranks[start:start + 1_000]
+                cursor.execute(
+                    f"INSERT INTO {quote(SOURCE)} (kind, action, enabled, {quote('rank')}, "
+                    "steps) VALUES " + ", ".join(["(%s, 'ok', %s, %s, 0)"] * len(chunk)),
+                    [value for rank in chunk for value in (kind, True, rank)],
+                )
             pks = list(Item.objects.filter(kind=kind).order_by("pk").values_list("pk", flat=True))
             step = ROWS_PER_WORKER // SCATTERED_PENDING
             chosen = pks[step // 2 : -NEWEST_PENDING : step] + pks[-NEWEST_PENDING:]
