@@ -92,6 +92,31 @@ def test_depth_follows_the_run_time_of_recent_units():
     assert p.patience() == pytest.approx(0.01), "at least 10 ms"
 
 
+def test_a_slow_claim_tops_children_up_sooner_and_keeps_more_waiting():
+    """A database far away: a claim takes as long as a child runs many units, and the
+    supervisor feeds nobody meanwhile; so a child is topped up that many units sooner and
+    as many more per child wait in the supervisor, beyond PREFETCH, up to 4x PREFETCH."""
+    p = Prefetch(per_child=32, concurrency=2, lease=30)
+    p.claimed(0.006)
+    assert p.cover() == 0, "nothing known about the units yet"
+    p.ran(0.0002)
+    assert p.cover() == 30, "6 ms of claim at 0.2 ms per unit"
+    assert p.ahead() == 2 * 32 + 2 * 30, "PREFETCH per child, and a claim's worth each"
+    p.claimed(0.006)
+    assert p.claim_time == pytest.approx(0.006)
+    for _ in range(100):
+        p.claimed(0.5)  # the claims got slow: smoothed towards half a second
+    assert p.cover() == 4 * 32, "at most four times PREFETCH per child"
+    p.average = 0.04
+    assert p.cover() == 12 and p.ahead() == 2 + 2 * 12, "longer units: fewer of them"
+    p.average = 10.0
+    assert p.cover() == 0 and p.ahead() == 0, "slow units: nothing waits"
+    none = Prefetch(per_child=0, concurrency=2, lease=30)
+    none.ran(0.0002)
+    none.claimed(0.5)
+    assert none.cover() == 0 and none.ahead() == 0, "PREFETCH = 0: one unit at a time"
+
+
 def claimed(n: int) -> list[taskstore.TaskClaim]:
     tasks.add.enqueue_many([((i, i), {}) for i in range(n)])
     return taskstore.claim(None, n, store.Claimant(), 30)

@@ -34,7 +34,7 @@ WAIT = 0.05
 HOLD = 1.0
 #: Least seconds a unit runs before the units queued behind it in a child are taken back.
 PATIENCE = 0.01
-#: Weight of the newest run time in the smoothed run time.
+#: Weight of the newest run time in the smoothed run time (and claim time).
 SMOOTHING = 0.2
 
 
@@ -52,17 +52,35 @@ class Prefetch:
         self.waiting: deque[Waiting] = deque()
         #: Smoothed seconds a unit ran in a child; None until one finished.
         self.average: float | None = None
+        #: Smoothed seconds a claim that brought units took (its round trip to the
+        #: database included); 0 until one did.
+        self.claim_time = 0.0
 
     def __len__(self) -> int:
         return len(self.waiting)
 
     def ahead(self) -> int:
-        """How many units should wait here now."""
+        """How many units should wait here now: as many as the children run in ``WAIT``
+        seconds, at most ``DBWORKER["PREFETCH"]`` per child; and, beyond that cap, as many
+        as they run during a claim (``cover``)."""
         if not self.limit or self.average is None:
             return 0
         if self.average <= 0:
             return self.limit
-        return min(self.limit, int(self.concurrency * WAIT / self.average))
+        claiming = self.concurrency * self.cover()
+        return min(self.limit + claiming,
+                   int(self.concurrency * WAIT / self.average) + claiming)
+
+    def cover(self) -> int:
+        """How many units a child runs while the supervisor claims once, at the recent run
+        time and claim time (0 while nothing is claimed ahead). A claim is a round trip to
+        the database, and the supervisor feeds no child meanwhile: with the database a few
+        milliseconds away, a child holding only the batch it runs would wait for the next
+        one that long. So a child is topped up this many units sooner, and as many more
+        per child wait here."""
+        if not self.limit or not self.average or self.average <= 0:
+            return 0
+        return min(self.limit // self.concurrency * 4, int(self.claim_time / self.average))
 
     def depth(self) -> int:
         """How many units a child should hold at once, running and waiting: one, and while
@@ -86,6 +104,10 @@ class Prefetch:
             self.average = seconds
         else:
             self.average += SMOOTHING * (seconds - self.average)
+
+    def claimed(self, seconds: float) -> None:
+        """A claim that brought units took ``seconds``."""
+        self.claim_time += SMOOTHING * (seconds - self.claim_time) if self.claim_time else seconds
 
     def put(self, claimed: list[Unit], now: float, *, front: bool = False) -> None:
         """Keep ``claimed`` (in their claim order) until a child has room: behind the units

@@ -257,8 +257,12 @@ class Supervisor:
         if depth == 1:
             return 0 if ch.sent else 1
         # Units it ran whose records are on their way (``("ran", seq)``) take no room, up
-        # to a batch more than two: a database that answers slowly slows the feed.
-        return depth if ch.open() <= depth and len(ch.sent) <= 3 * depth else 0
+        # to a batch more than two: a database that answers slowly slows the feed. Where
+        # claims take long, it is topped up as many units sooner as it runs during one
+        # (``Prefetch.cover``): it does not run out while we wait for the database.
+        cover = self.prefetch.cover()
+        return depth if (ch.open() <= depth + cover
+                         and len(ch.sent) <= 3 * depth + cover) else 0
 
     def _feed(self) -> int:
         """Send each child with room units claimed ahead; returns the room left."""
@@ -328,7 +332,10 @@ class Supervisor:
             self._announced = set()
         claimed = 0
         for source in sources:
+            began = time.monotonic()
             claims = self._claim(source, want - claimed, held)
+            if claims:
+                self.prefetch.claimed(time.monotonic() - began)
             if trace.ON:
                 trace.mark("claimed", f"{len(claims)} of {getattr(source, 'name', 'tasks')}")
             claimed += len(claims)  # work was found, even if it goes back below
