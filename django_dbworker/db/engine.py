@@ -131,6 +131,9 @@ class Engine:
     #: A child's record of a unit also needs its lease unexpired, not only its token (not
     #: where a handler's transaction holds the only write lock, so renewals wait behind it).
     checks_lease_on_record: ClassVar[bool] = True
+    #: Writers do not all queue for one lock: a supervisor's own writes (reaping, sweeps)
+    #: do not wait for a running handler's transaction (not SQLite: one write lock).
+    concurrent_writers: ClassVar[bool] = True
     #: Supervisors can be woken by the writer's transaction (LISTEN/NOTIFY).
     notifies: ClassVar[bool] = False
     #: A row's completion may COMMIT in the same query when it ends its transaction

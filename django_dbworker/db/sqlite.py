@@ -64,6 +64,7 @@ class SQLite(Engine):
     # can take a unit over meanwhile either (a reap needs the same lock and changes the
     # token, which the record checks).
     checks_lease_on_record: ClassVar[bool] = False
+    concurrent_writers: ClassVar[bool] = False
     watches_commits: ClassVar[bool] = True
     progress_in_handler_transaction: ClassVar[bool] = True
 

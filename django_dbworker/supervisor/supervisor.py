@@ -17,7 +17,7 @@ from typing import TextIO
 from django.db import DatabaseError, connections
 
 from .. import conf
-from ..db import notify
+from ..db import engine_for, notify
 from ..db.connections import connected, own_process
 from ..logs import log_event, logger
 from ..outcomes import RunOutcome
@@ -98,6 +98,9 @@ class Supervisor:
         self._wake_r, self._wake_w = socket.socketpair()
         self.listener = Listener(self.using)
         self.commits = Commits(self.using)
+        #: The loop's first round is still to come: it claims before the duties (where
+        #: the duties' writes do not wait for a running handler's transaction).
+        self._first_round = engine_for(connections[self.using]).concurrent_writers
         #: What NOTIFY announced since the last claim ("task", "rows", worker names).
         self._announced: set[str] = set()
         #: Paused queues and workers (``pausing``): read per POLL_INTERVAL or when announced.
@@ -202,10 +205,16 @@ class Supervisor:
             if requested is not None and time.monotonic() - requested > self.options.grace_period:
                 return self._cut_off("grace period over")
             claimed: int | None = 0
+            first, self._first_round = self._first_round, False
             try:
-                if self._announced and not stopping:
+                if (self._announced or first) and not stopping:
                     # New work woke us: its claim first, to its handler before the duties
-                    # that fell due meanwhile (each a statement or more).
+                    # that fell due meanwhile (each a statement or more). The first round
+                    # too: what waits already runs while the duties run (the first time
+                    # all of them: reaping, sweeps, schedules, dependencies); what they
+                    # make claimable is claimed in the round after, at once. Not where
+                    # one write lock serves all (SQLite): the duties' writes would wait
+                    # for the transaction of a handler the claim just started.
                     claimed = self._fill()
                     self.duties.run_due()
                 else:
