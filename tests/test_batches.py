@@ -111,6 +111,10 @@ def test_a_slow_claim_tops_children_up_sooner_and_keeps_more_waiting():
     assert p.cover() == 12 and p.ahead() == 2 + 2 * 12, "longer units: fewer of them"
     p.average = 10.0
     assert p.cover() == 0 and p.ahead() == 0, "slow units: nothing waits"
+    p.average = 0.0002
+    assert p.cover() == 4 * 32
+    p.limited = True  # per-key limits: units claimed ahead hold their keys' places
+    assert p.cover() == 0 and p.ahead() == 2 * 32, "no more than PREFETCH per child"
     none = Prefetch(per_child=0, concurrency=2, lease=30)
     none.ran(0.0002)
     none.claimed(0.5)

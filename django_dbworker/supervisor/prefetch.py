@@ -55,6 +55,10 @@ class Prefetch:
         #: Smoothed seconds a claim that brought units took (its round trip to the
         #: database included); 0 until one did.
         self.claim_time = 0.0
+        #: Some of the work has per-key concurrency limits (``concurrency_limit``): units
+        #: claimed ahead hold their key's places (they count as running), so no more than
+        #: ``PREFETCH`` per child are (``cover`` is 0).
+        self.limited = False
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -77,8 +81,9 @@ class Prefetch:
         the database, and the supervisor feeds no child meanwhile: with the database a few
         milliseconds away, a child holding only the batch it runs would wait for the next
         one that long. So a child is topped up this many units sooner, and as many more
-        per child wait here."""
-        if not self.limit or not self.average or self.average <= 0:
+        per child wait here. None where keys are limited (``limited``): the more units
+        claimed ahead, the more of a key's places they hold while they wait."""
+        if not self.limit or not self.average or self.average <= 0 or self.limited:
             return 0
         return min(self.limit // self.concurrency * 4, int(self.claim_time / self.average))
 

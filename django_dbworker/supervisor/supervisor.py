@@ -86,6 +86,8 @@ class Supervisor:
             TaskWork(options.queues, config, self.claimant, schedule=not options.burst)
             if options.tasks else None
         )
+        self.prefetch.limited = (any(w.concurrency_limit for w in options.workers)
+                                 or (self.tasks is not None and self.tasks.keyed))
         self._last_claim = 0.0
         self._rotation = 0
         self._broken: dict[str, float] = {}
