@@ -26,7 +26,7 @@ README.md and bench/README.md, between the marker lines ``README_TABLES`` names.
 ``--only peers`` (say) runs those again and takes the others' figures from their last
 results: for a benchmark a burst of CPU steal spoiled. ``--quick`` runs fewer repetitions
 (for a smoke test, not figures). ``--distance`` runs ``distance.py`` after the others (the
-database across a network at 0, 1 and 5 ms of RTT, ours and the peers; as root; about 4
+database across a network at 0, 1 and 5 ms of RTT, ours and the peers; as root; about 10
 minutes; it writes bench/results/distance.json, not the summary table).
 """
 
@@ -62,7 +62,7 @@ SCRIPTS = {
     "workflows": ["--runs=3", "--tasks=10000", "--history=100000"],
 }
 #: How long ``--distance`` adds (bench/distance.py's whole sweep, on 2 CPUs).
-DISTANCE_MINUTES = "about 4 minutes, 6 at load 12"
+DISTANCE_MINUTES = "about 10 minutes (3 runs of each system per RTT)"
 QUICK = {
     "throughput": ["--runs=1", "--rows=1000"],
     "row_feeds": ["--runs=1", "--rows=1000", "--history=0"],
