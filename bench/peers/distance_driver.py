@@ -41,6 +41,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -245,7 +246,8 @@ def drain(bench: Any, jobs: int, processes: list[Any], logs: Path, counter: Coun
 def idle_and_latency(bench: Any, config: dict[str, Any], processes: list[Any], logs: Path,
                      counter: Counter) -> dict[str, Any]:
     folder = logs / "stamps"
-    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier run's stamps (distance.py --runs)
+    folder.mkdir(parents=True)
     one(bench, str(folder / "warm-up"), processes, logs)
     time.sleep(0.5)
     q_idle, s_idle = counter.queries(), counter.snapshot()
