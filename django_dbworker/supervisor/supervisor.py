@@ -424,6 +424,7 @@ class Supervisor:
         name = "tasks" if source is None else source.name
         if want <= 0 or self._broken.get(name, 0.0) > time.monotonic():
             return []
+        raw = connections[self.using].connection  # to tell a reconnect from a live session
         try:
             if source is None:
                 assert self.tasks is not None
@@ -443,7 +444,7 @@ class Supervisor:
                           error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
                           retry_in=TRANSIENT_CLAIM_RETRY)
                 return []
-            self._broken_source(name, exc)
+            self._broken_source(name, exc, raw)
             return []
 
     def _burst_done(self) -> int:
@@ -453,13 +454,16 @@ class Supervisor:
             return 1
         return 0
 
-    def _broken_source(self, name: str, exc: Exception) -> None:
+    def _broken_source(self, name: str, exc: Exception, raw: object = None) -> None:
         """A claim failed: a lost connection stops everything; anything else only this source.
 
         A worker whose eligible queryset raises (a typo, a missing table) is skipped for a
-        while and logged, so the other workers keep flowing.
+        while and logged, so the other workers keep flowing. ``raw``: the DB-API connection
+        the claim began on, if one was open: a session the server ended mid-claim is a lost
+        connection even where leaving the claim's ``atomic()`` opened a new one, which
+        answers (else the source was left alone for BROKEN_WORKER_PAUSE, 30 s).
         """
-        if isinstance(exc, DatabaseError) and not connected(self.using):
+        if isinstance(exc, DatabaseError) and not connected(self.using, raw):
             raise exc
         log_event(logging.ERROR, "claim_failed", source=name,
                   error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
