@@ -112,7 +112,10 @@ class Prefetch:
 
     def claimed(self, seconds: float) -> None:
         """A claim that brought units took ``seconds``."""
-        self.claim_time += SMOOTHING * (seconds - self.claim_time) if self.claim_time else seconds
+        if not self.claim_time:
+            self.claim_time = seconds
+        else:
+            self.claim_time += SMOOTHING * (seconds - self.claim_time)
 
     def put(self, claimed: list[Unit], now: float, *, front: bool = False) -> None:
         """Keep ``claimed`` (in their claim order) until a child has room: behind the units
