@@ -299,10 +299,11 @@ class Scheduler:
         gone. A code schedule of the same name wins (``StoredSource`` logs it)."""
         if self.stored is None:
             return
+        raw = _raw_connection()
         try:
             rows = self.stored.read(self.code)
         except Exception as exc:
-            if _database_away(exc):
+            if _database_away(exc, raw):
                 raise
             self._failed("(stored schedules)", "-", exc)  # the last rows read go on
             return
@@ -349,11 +350,12 @@ class Scheduler:
         self.refresh(now)
         enqueued = 0
         for name, schedule in self.schedules.items():
+            raw = _raw_connection()
             try:
                 for when in self.due(schedule, now):
                     enqueued += enqueue_tick(schedule, when)
             except Exception as exc:
-                if _database_away(exc):
+                if _database_away(exc, raw):
                     raise  # the supervisor's outage back-off; these ticks are tried again
                 self._resume.pop(name, None)
                 self._failed(schedule.name, schedule.task_path, exc)
@@ -379,15 +381,27 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.strip()[:300]}"
 
 
-def _database_away(exc: Exception) -> bool:
+def _raw_connection() -> Any:
+    """The DB-API connection statements run on now (None if none is open), for
+    ``_database_away``."""
+    from django.db import connections
+
+    from . import conf
+
+    return connections[conf.get().DATABASE].connection
+
+
+def _database_away(exc: Exception, raw: Any = None) -> bool:
     """A database error on a connection that no longer works: an outage, not a schedule's
-    fault."""
+    fault. ``raw``: the DB-API connection the failed work began on; a session the server
+    ended is an outage even where leaving an ``atomic()`` opened a new connection, which
+    answers (the tick is then tried again, not skipped)."""
     from django.db import DatabaseError
 
     from . import conf
     from .db.connections import connected
 
-    return isinstance(exc, DatabaseError) and not connected(conf.get().DATABASE)
+    return isinstance(exc, DatabaseError) and not connected(conf.get().DATABASE, raw)
 
 
 def enqueue_tick(schedule: Schedule, tick: datetime) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.db import OperationalError
@@ -191,7 +192,7 @@ def test_discovery_starts_a_pass_each_interval_and_steps_it_each_round(caplog):
                 FakeSweeper("c", [(9, True)])]
     discovery = Discovery(sweepers, 60.0,  # type: ignore[arg-type]
                           lambda name, now: name in paused,
-                          lambda name, exc: failed.append(name))
+                          lambda name, exc, raw: failed.append(name))
     with caplog.at_level(logging.INFO, logger="django_dbworker"):
         assert discovery.due(clock.now)
         discovery.run(clock.now)
@@ -216,7 +217,7 @@ def test_a_full_pass_nothing_waits_for_takes_a_chunk_a_round_after_the_urgent_wo
     clock = Clock()
     sweeper = FakeSweeper("a", [(1, False), (0, True)], background=[3, 0, 4])
     discovery = Discovery([sweeper], 60.0,  # type: ignore[arg-type]
-                          lambda name, now: False, lambda name, exc: pytest.fail(str(exc)))
+                          lambda name, now: False, lambda name, exc, raw: pytest.fail(str(exc)))
     assert discovery.left(clock.now) == 0.0, "the first pass is due"
     with caplog.at_level(logging.INFO, logger="django_dbworker"):
         for _ in range(5):
@@ -331,7 +332,7 @@ def test_discovery_finds_rows_written_without_save():
     Item.objects.bulk_create([Item(kind="touch") for _ in range(5)])
     assert not Execution.objects.filter(worker="touch").exists()
     discovery = Discovery([Sweeper(workers["touch"], 2)], 60.0, lambda name, now: False,
-                          lambda name, exc: pytest.fail(f"{name}: {exc}"))
+                          lambda name, exc, raw: pytest.fail(f"{name}: {exc}"))
     clock = Clock()
     duties = Duties([discovery], clock)
     rounds = 0
@@ -406,3 +407,78 @@ def test_the_supervisors_loop_runs_maintenance_and_its_renewer_the_renewal():
     finally:
         supervisor._wake_r.close()
         supervisor._wake_w.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_that_met_an_ended_session_is_an_outage_not_a_broken_worker():
+    """Leaving a sweep's ``atomic()`` after the server ended the session opens a new
+    connection, which answers: only the connection the step began on tells an outage
+    (reconnect at once) from a broken worker (left alone 30 s), as for claims."""
+    from django.db import connection
+
+    from django_dbworker.supervisor.supervisor import Supervisor
+
+    connection.ensure_connection()
+
+    class EndsSession(FakeSweeper):
+        def step(self, now: float) -> tuple[int, bool]:
+            connection.close()
+            connection.ensure_connection()
+            raise OperationalError("terminating connection due to administrator command")
+
+    supervisor = SimpleNamespace(using=conf.get().DATABASE, _broken={})
+    seen: list[str] = []
+
+    def failed(name: str, exc: Exception, raw: object) -> None:
+        try:
+            Supervisor._broken_source(supervisor, name, exc, raw)  # type: ignore[arg-type]
+        except OperationalError:
+            seen.append("outage")
+        else:
+            seen.append("broken")
+
+    discovery = Discovery([EndsSession("a", [])], 60.0,  # type: ignore[list-item]
+                          lambda name, now: False, failed)
+    discovery.run(0.0)
+    assert seen == ["outage"] and supervisor._broken == {}
+
+
+def _ends_session_then_raises(*args: object, **kwargs: object) -> int:
+    """What a statement meets when the server ended the session, as seen after leaving
+    its ``atomic()``: a new connection is open, which answers."""
+    from django.db import connection
+
+    connection.close()
+    connection.ensure_connection()
+    raise OperationalError("terminating connection due to administrator command")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cron_tick_that_met_an_ended_session_is_tried_again_not_skipped(monkeypatch):
+    from datetime import UTC, datetime
+
+    from django.db import connection
+
+    from django_dbworker import scheduling
+    from django_dbworker.scheduling import Schedule, Scheduler
+
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    scheduler = Scheduler({"m": Schedule(name="m", task_path="tests.testapp.tasks.add",
+                                         cron="* * * * *")}, now=start)
+    connection.ensure_connection()
+    monkeypatch.setattr(scheduling, "enqueue_tick", _ends_session_then_raises)
+    with pytest.raises(OperationalError):  # the supervisor's outage back-off
+        scheduler.tick(start + timedelta(seconds=61))
+    assert scheduler.last["m"] == start, "the tick is still due: tried again"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retention_that_met_an_ended_session_is_an_outage(monkeypatch, caplog):
+    from django.db import connection
+
+    connection.ensure_connection()
+    monkeypatch.setattr(taskstore, "prune_batch", _ends_session_then_raises)
+    with caplog.at_level(logging.ERROR, logger="django_dbworker"), \
+            pytest.raises(OperationalError):
+        Retention(replace(conf.get(), RETENTION=60.0)).run(0.0)
+    assert not _events(caplog, "prune_failed")

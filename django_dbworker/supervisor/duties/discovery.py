@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from django.db import connections
+
+from ... import conf
 from ...logs import log_event
 from ...rows.sweep import Sweeper
 from .base import Every
@@ -19,15 +22,17 @@ class Discovery:
 
     ``sweeping``: the workers whose urgent work is not over (the supervisor polls at once
     while it lasts, and ``--burst`` waits for it). ``paused(name, now)``: whether a worker
-    is left alone after a failure; ``failed(name, exc)``: what a failed step does (the
-    supervisor's broken-source pause, which raises a lost connection).
+    is left alone after a failure; ``failed(name, exc, raw)``: what a failed step does
+    (the supervisor's broken-source pause, which raises a lost connection), ``raw`` the
+    DB-API connection the step began on: a session the server ended mid-step is an outage
+    even where leaving the step's ``atomic()`` opened a new connection, which answers.
     """
 
     name = "discovery"
 
     def __init__(self, sweepers: list[Sweeper], interval: float,
                  paused: Callable[[str, float], bool],
-                 failed: Callable[[str, Exception], None]) -> None:
+                 failed: Callable[[str, Exception, object], None]) -> None:
         self.sweepers = sweepers
         self.every = Every(interval)
         self.paused = paused
@@ -65,6 +70,7 @@ class Discovery:
         for i, sweeper in enumerate(self.sweepers):
             if self.paused(sweeper.worker.name, now):
                 continue
+            raw = connections[conf.get().DATABASE].connection
             try:
                 if i in self.sweeping:
                     added, done = sweeper.step(now)
@@ -73,7 +79,7 @@ class Discovery:
                 else:
                     added = sweeper.background(now)
             except Exception as exc:
-                self.failed(sweeper.worker.name, exc)
+                self.failed(sweeper.worker.name, exc, raw)
                 continue
             if added:
                 log_event(logging.INFO, "swept", worker=sweeper.worker.name, added=added)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from ... import space
@@ -95,10 +95,13 @@ class Retention(Periodic):
         return self.config.RETENTION is not None and super().due(now)
 
     def work(self, now: float) -> None:
+        # the connection it begins on: a session the server ended mid-batch is an outage
+        # even where leaving the batch's atomic() opened a new connection, which answers
+        raw = connections[self.config.DATABASE].connection
         try:
             self._prune_batch()
         except Exception as exc:
-            if isinstance(exc, DatabaseError) and not connected(self.config.DATABASE):
+            if isinstance(exc, DatabaseError) and not connected(self.config.DATABASE, raw):
                 raise  # the supervisor's outage back-off
             if self._logged.due(now):
                 self._logged.ran(now)
