@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import selectors
 import signal
@@ -49,6 +50,9 @@ BROKEN_WORKER_PAUSE = 30.0
 #: Seconds before a claim that lost to another transaction (a deadlock, a lock wait timed
 #: out: ``units.transient``) runs again; the source is not paused for it.
 TRANSIENT_CLAIM_RETRY = 0.05
+#: The key of the task queues among the sources found short (no worker's name: those
+#: start with a letter).
+TASK_SOURCE = "*tasks"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +109,12 @@ class Supervisor:
         self._first_round = engine_for(connections[self.using]).concurrent_writers
         #: What NOTIFY announced since the last claim ("task", "rows", worker names).
         self._announced: set[str] = set()
+        #: Sources (TASK_SOURCE, worker names) whose last claim gave fewer units than
+        #: asked (when: monotonic seconds), with nothing since that could have made more
+        #: claimable but announcements of other sources (``_nothing_new``): a round that
+        #: an announcement woke claims what was announced, not every source again (each
+        #: a statement), for POLL_INTERVAL at most.
+        self._found_short: dict[str, float] = {}
         #: Paused queues and workers (``pausing``): read per POLL_INTERVAL or when announced.
         self.pauses = Pauses(self.using, config.POLL_INTERVAL)
         self.heartbeat = Heartbeat(
@@ -207,6 +217,8 @@ class Supervisor:
             if requested is not None and time.monotonic() - requested > self.options.grace_period:
                 return self._cut_off("grace period over")
             claimed: int | None = 0
+            if trace.ON:
+                trace.mark("round")
             first, self._first_round = self._first_round, False
             try:
                 if (self._announced or first) and not stopping:
@@ -218,9 +230,9 @@ class Supervisor:
                     # one write lock serves all (SQLite): the duties' writes would wait
                     # for the transaction of a handler the claim just started.
                     claimed = self._fill()
-                    self.duties.run_due()
+                    self._ran_duties(self.duties.run_due())
                 else:
-                    self.duties.run_due()
+                    self._ran_duties(self.duties.run_due())
                     if not stopping:
                         claimed = self._fill()
                 self.outage.went_through(connections[self.using].connection is not None)
@@ -343,8 +355,17 @@ class Supervisor:
             self._announced = set()
         claimed = 0
         for source in sources:
+            key = TASK_SOURCE if source is None else source.name
+            if (not self.options.burst
+                    and now - self._found_short.get(key, -math.inf) < self.config.POLL_INTERVAL):
+                continue  # short at its last claim, and nothing new announced for it
             began = time.monotonic()
-            claims = self._claim(source, want - claimed, held)
+            asked = want - claimed
+            claims = self._claim(source, asked, held)
+            if len(claims) < asked and not self._claims_deferred:
+                self._found_short[key] = began
+            else:
+                self._found_short.pop(key, None)
             if claims:
                 self.prefetch.claimed(time.monotonic() - began)
             if trace.ON:
@@ -378,6 +399,27 @@ class Supervisor:
             log_event(logging.INFO, "gave_back", units=len(back), reason="paused")
             self._give_back(back)
 
+    def _nothing_new(self, announced: set[str]) -> None:
+        """What an announcement tells of the sources found short: new tasks, new rows (of
+        every worker or of one); anything else (a pause, a resume) may change any."""
+        workers = {w.name for w in self.options.workers}
+        for payload in announced:
+            if payload in (notify.TASKS, notify.KEYLESS_TASKS):
+                self._found_short.pop(TASK_SOURCE, None)
+            elif payload == "rows":
+                for name in workers:
+                    self._found_short.pop(name, None)
+            elif payload in workers:
+                self._found_short.pop(payload, None)
+            else:
+                self._found_short.clear()
+
+    def _ran_duties(self, ran: bool) -> None:
+        """Duties ran: they may have released units or made tasks ready (reaping,
+        retries, schedules, dependencies), which a claim should find at once."""
+        if ran:
+            self._found_short.clear()
+
     def _announced_for(self, source: Worker | None) -> bool:
         if source is None:
             return bool(self._announced & {notify.TASKS, notify.KEYLESS_TASKS})
@@ -396,6 +438,8 @@ class Supervisor:
 
     def _give_back(self, claimed: list[Unit]) -> None:
         """Unclaim units that never ran; retried later if the database does not answer."""
+        if claimed:
+            self._found_short.clear()
         if not claimed:
             return
         try:
@@ -515,8 +559,14 @@ class Supervisor:
         for ch in self.children:
             handles += [ch.pipe, ch.process.sentinel]
         ready = self._wait_for(handles, timeout)
+        if not ready or any(h != listening for h in ready):
+            # A poll, a child's report or exit, a signal: what is claimable may have
+            # changed in ways nobody announces (run_after reached, units released)
+            self._found_short.clear()
         if listening is not None and listening in ready:
-            self._announced |= self.listener.drain()  # the next loop claims these first
+            announced = self.listener.drain()
+            self._nothing_new(announced)
+            self._announced |= announced  # the next loop claims these first
             if trace.ON:
                 trace.mark("woke", ",".join(sorted(self._announced)))
         if self._wake_r in ready:

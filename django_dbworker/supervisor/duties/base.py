@@ -97,17 +97,21 @@ class Duties:
         self.clock = clock
         self._logged = {duty.name: Every(FAILURE_LOG_INTERVAL) for duty in self.duties}
 
-    def run_due(self) -> None:
+    def run_due(self) -> bool:
+        """Run the duties due now; whether any was."""
         now = self.clock()
+        ran = False
         for duty in self.duties:
             if not duty.due(now):
                 continue
+            ran = True
             try:
                 duty.run(now)
             except DatabaseError:
                 raise
             except Exception as exc:
                 self._failed(duty, exc, now)
+        return ran
 
     def _failed(self, duty: Duty, exc: Exception, now: float) -> None:
         logged = self._logged[duty.name]
