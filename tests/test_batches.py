@@ -340,3 +340,36 @@ def test_a_child_killed_while_it_holds_the_lock_does_not_hang_its_supervisor():
     assert handoff.started() == 0 and handoff.running() is None
     assert handoff.take_back(5) == 0
     assert time.monotonic() - started < 5, "each read waited LOCK_WAIT at most"
+
+
+@pytest.mark.django_db
+def test_a_supervisor_that_knows_limited_work_keeps_no_claims_ahead_for_slow_claims(
+        monkeypatch):
+    """Units claimed ahead hold their key's places (they count as running): a supervisor
+    that knows a worker with ``concurrency_limit`` or a keyed task takes no cover
+    (``Prefetch.limited``); a keyed drain fell from 90% to 35% of a plain one without."""
+    import copy
+    from types import SimpleNamespace
+
+    from django_dbworker import conf
+    from django_dbworker.registry import workers
+    from django_dbworker.supervisor.supervisor import Options, Supervisor
+    from django_dbworker.tasks import registry as task_registry
+
+    def limited(**options: object) -> bool:
+        supervisor = Supervisor(Options(concurrency=2, **options), conf.get(), None)  # type: ignore[arg-type]
+        supervisor._wake_r.close()
+        supervisor._wake_w.close()
+        return supervisor.prefetch.limited
+
+    touch = workers["touch"]
+    capped = copy.copy(touch)
+    capped.concurrency_limit = 2
+    assert not limited(workers=[touch])
+    assert limited(workers=[touch, capped])
+    plain = {path: t for path, t in task_registry.known().items() if not t.concurrency_limit}
+    monkeypatch.setattr(task_registry, "known", lambda: plain)
+    assert not limited(workers=[touch], tasks=True)
+    keyed = SimpleNamespace(concurrency_limit=1, rate_limit=None, timeout_seconds=None)
+    monkeypatch.setattr(task_registry, "known", lambda: {**plain, "tests.keyed": keyed})
+    assert limited(workers=[touch], tasks=True)
