@@ -438,10 +438,9 @@ class Supervisor:
 
     def _give_back(self, claimed: list[Unit]) -> None:
         """Unclaim units that never ran; retried later if the database does not answer."""
-        if claimed:
-            self._found_short.clear()
         if not claimed:
             return
+        self._found_short.clear()  # claimable again
         try:
             units.unclaim(claimed)
         except DatabaseError:
