@@ -66,3 +66,46 @@ def test_a_task_whose_session_ends_in_its_own_atomic_goes_back_unfailed(opened):
     row = TaskRecord.objects.get(pk=result.id)
     assert (row.status, row.errors) == (TaskStatus.RUNNING, []), (row.status, row.errors)
     assert not Effect.objects.filter(worker="drop_session_in_atomic").exists()
+
+
+def test_a_commit_psycopg_could_not_read_gives_the_unit_back_unfailed():
+    """Behind PgBouncer, a server connection ended mid-transaction made psycopg raise
+    ``InternalError: received 2 results from command 'COMMIT'`` (CI, test_pgbouncer): not
+    the unit's fault, and whether it committed is unknown. The unit goes back (fenced by its
+    token), never FAILED."""
+    if connection.vendor != "postgresql":
+        pytest.skip("psycopg's own protocol error")
+    item = Item.objects.create(kind="touch", action="protocol_confused_first")
+    (c,) = store.claim(workers["touch"], 1, Claimant(), 30)
+    report: list[tuple] = []
+    child.run_one(0, c, "default", report)
+
+    assert [kind for _, kind, *_ in report] == ["db_error"], report
+    execution = Execution.objects.get(worker="touch", source_id=str(item.pk))
+    assert execution.state == State.WORKING, (execution.state, execution.failures.all())
+    assert not Effect.objects.filter(item_id=item.pk).exists()
+    store.release(c, crashed=None, max_crashes=3)
+    run_until_idle(["touch"])
+    execution.refresh_from_db()
+    assert execution.state == State.FINISHED
+
+
+@pytest.mark.parametrize("transactional", [True, False])
+def test_a_task_whose_commit_psycopg_could_not_read_goes_back_unfailed(transactional):
+    from django_dbworker.models import TaskRecord, TaskStatus
+    from django_dbworker.tasks import store as taskstore
+    from tests.testapp import tasks
+
+    if connection.vendor != "postgresql":
+        pytest.skip("psycopg's own protocol error")
+    declared = (tasks.protocol_confused_transactional if transactional
+                else tasks.protocol_confused_in_atomic)
+    result = declared.enqueue()
+    (c,) = taskstore.claim(None, 1, Claimant(), 30)
+    report: list[tuple] = []
+    child.run_one(0, c, "default", report)
+
+    assert [kind for _, kind, *_ in report] == ["db_error"], report
+    row = TaskRecord.objects.get(pk=result.id)
+    assert (row.status, row.errors) == (TaskStatus.RUNNING, []), (row.status, row.errors)
+    assert not Effect.objects.filter(worker="protocol_confused_in_atomic").exists()

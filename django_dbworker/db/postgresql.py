@@ -77,7 +77,7 @@ class PostgreSQL(Engine):
             prepared.activate()
 
     def session_lost(self, exc: BaseException) -> bool:
-        return prepared.lost(exc)
+        return prepared.lost(exc) or protocol_confused(exc)
 
     def set_table_storage(self, schema_editor: Any, tables: Sequence[str],
                           parameters: dict[str, Any]) -> None:
@@ -551,6 +551,20 @@ class Listening:
 #: Seconds the pooler probe waits for a connection (unless the database's OPTIONS set
 #: ``connect_timeout``): a system check must not hang on an unreachable host.
 PROBE_CONNECT_TIMEOUT = 5
+
+
+def protocol_confused(exc: BaseException) -> bool:
+    """Whether psycopg could not make sense of the server's answer: an ``InternalError``
+    it raised itself, without a SQLSTATE ("received 2 results from command 'COMMIT'", seen
+    behind PgBouncer when the server connection was ended mid-transaction). Whether the
+    transaction committed is unknown and the session's state with it: the unit goes back
+    (fenced by its token: nothing changes if it did commit) and the process opens a new
+    session, rather than record the unit FAILED for the connection's fault."""
+    import psycopg
+
+    cause = exc.__cause__ if isinstance(exc, DatabaseError) else exc
+    return (isinstance(cause, psycopg.InternalError)
+            and getattr(cause, "sqlstate", None) is None)
 
 
 def _connect_alone(connection: BaseDatabaseWrapper, *, probe: bool = False) -> Any:

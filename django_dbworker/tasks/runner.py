@@ -97,6 +97,8 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
                 raise
             return _failed(task, c, exc, started)
         except BaseException as exc:
+            if engine().session_lost(exc):
+                raise  # not the task's fault: the child opens a new session; it goes back
             return _failed(task, c, exc, started)
         finished = timezone.now()
         ran = time.monotonic() - started
@@ -145,6 +147,8 @@ def _run_in_transaction(task: Any, c: TaskClaim, result: Any, row: Any, started:
             raise
         return _failed(task, c, exc, started)
     except BaseException as exc:
+        if engine(using).session_lost(exc):
+            raise  # not the task's fault: the child opens a new session; the task goes back
         return _failed(task, c, exc, started)
     _callback(task, "on_success", c, value)
     _finished_signal(task, c, result=_succeeded(result, value, finished, unit))

@@ -296,6 +296,27 @@ def drop_session_in_atomic():
         _drop_own_session()
 
 
+@task(retries=3, retry_delay=0)
+def protocol_confused_in_atomic():
+    """test_lost_session: psycopg cannot make sense of the answer to the task's COMMIT."""
+    from django.db import transaction
+
+    from .workers import protocol_confused
+
+    with transaction.atomic():
+        Effect.objects.create(item_id=0, worker="protocol_confused_in_atomic")
+        raise protocol_confused()
+
+
+@task(retries=3, retry_delay=0, transactional=True)
+def protocol_confused_transactional():
+    """The same in a transactional task: the error at its COMMIT, ours."""
+    from .workers import protocol_confused
+
+    Effect.objects.create(item_id=0, worker="protocol_confused_in_atomic")
+    raise protocol_confused()
+
+
 # ----- uniqueness (tests/test_uniqueness.py) ------------------------------------------------
 
 

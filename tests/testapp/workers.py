@@ -108,10 +108,31 @@ def _act(item, name, context=None):
         if workers[name].state(item.pk)["attempts"] <= 1:
             _drop_own_session()
         return Finished()
+    if action == "protocol_confused_first":  # psycopg cannot make sense of the server's
+        # answer to the handler's COMMIT (seen behind PgBouncer when the server connection
+        # was ended mid-transaction), on the unit's first attempt
+        if workers[name].state(item.pk)["attempts"] <= 1:
+            raise protocol_confused()
+        return Finished()
     if action == "delete_self":
         Item.objects.filter(pk=item.pk).delete()
         return Finished()
     raise AssertionError(f"unknown action {action!r}")
+
+
+def protocol_confused() -> Exception:
+    """What Django raises when psycopg got two results for a COMMIT: its own
+    ``InternalError`` (no SQLSTATE), wrapped."""
+    import psycopg
+    from django.db import InternalError
+
+    try:
+        try:
+            raise psycopg.InternalError("received 2 results from command 'COMMIT'")
+        except psycopg.InternalError as cause:
+            raise InternalError(*cause.args) from cause
+    except InternalError as exc:
+        return exc
 
 
 def _drop_own_session():
