@@ -51,11 +51,19 @@ def test_a_session_ended_mid_handler_gives_the_unit_back(opened):
 
 @pytest.mark.parametrize("opened", [True, False], ids=["connection-open", "none-open"])
 def test_a_task_whose_session_ends_in_its_own_atomic_goes_back_unfailed(opened):
-    from django_dbworker.models import TaskRecord, TaskStatus
-    from django_dbworker.tasks import store as taskstore
     from tests.testapp import tasks
 
-    result = tasks.drop_session_in_atomic.enqueue()
+    _task_goes_back_unfailed(tasks.drop_session_in_atomic, "drop_session_in_atomic",
+                             opened=opened)
+
+
+def _task_goes_back_unfailed(declared, effect_worker: str, *, opened: bool = True) -> None:
+    """Run one task of ``declared`` as a child does: reported as a database error, still
+    RUNNING with no error recorded (the supervisor gives it back), its writes rolled back."""
+    from django_dbworker.models import TaskRecord, TaskStatus
+    from django_dbworker.tasks import store as taskstore
+
+    result = declared.enqueue()
     (c,) = taskstore.claim(None, 1, Claimant(), 30)
     if not opened:
         connection.close()
@@ -65,7 +73,7 @@ def test_a_task_whose_session_ends_in_its_own_atomic_goes_back_unfailed(opened):
     assert [kind for _, kind, *_ in report] == ["db_error"], report
     row = TaskRecord.objects.get(pk=result.id)
     assert (row.status, row.errors) == (TaskStatus.RUNNING, []), (row.status, row.errors)
-    assert not Effect.objects.filter(worker="drop_session_in_atomic").exists()
+    assert not Effect.objects.filter(worker=effect_worker).exists()
 
 
 def test_a_commit_psycopg_could_not_read_gives_the_unit_back_unfailed():
@@ -92,20 +100,10 @@ def test_a_commit_psycopg_could_not_read_gives_the_unit_back_unfailed():
 
 @pytest.mark.parametrize("transactional", [True, False])
 def test_a_task_whose_commit_psycopg_could_not_read_goes_back_unfailed(transactional):
-    from django_dbworker.models import TaskRecord, TaskStatus
-    from django_dbworker.tasks import store as taskstore
     from tests.testapp import tasks
 
     if connection.vendor != "postgresql":
         pytest.skip("psycopg's own protocol error")
     declared = (tasks.protocol_confused_transactional if transactional
                 else tasks.protocol_confused_in_atomic)
-    result = declared.enqueue()
-    (c,) = taskstore.claim(None, 1, Claimant(), 30)
-    report: list[tuple] = []
-    child.run_one(0, c, "default", report)
-
-    assert [kind for _, kind, *_ in report] == ["db_error"], report
-    row = TaskRecord.objects.get(pk=result.id)
-    assert (row.status, row.errors) == (TaskStatus.RUNNING, []), (row.status, row.errors)
-    assert not Effect.objects.filter(worker="protocol_confused_in_atomic").exists()
+    _task_goes_back_unfailed(declared, "protocol_confused_in_atomic")
