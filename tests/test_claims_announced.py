@@ -6,6 +6,7 @@ statement, and one running beside the child that starts the announced unit slows
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -76,3 +77,82 @@ def test_a_round_woken_for_a_task_claims_only_tasks(vendor, runworkers, tmp_path
         f"rounds woken for a task claimed other sources: {rounds}"
     assert any(c.endswith(" of touch") for r in rounds for c in r), \
         f"a round woken for a row claims the row worker's source: {rounds}"
+
+
+def woken_round_events(trace_text: str, pid: int) -> list[list[tuple[str, str]]]:
+    """The supervisor's marks (event, detail) of each round a NOTIFY of new work (not of a
+    pause or a resume) woke, in order."""
+    rounds: list[list[tuple[str, str]]] = []
+    woke = False
+    current: list[tuple[str, str]] | None = None
+    for line in trace_text.splitlines():
+        fields = line.split(" ", 3)
+        if int(fields[1]) != pid:
+            continue
+        event, detail = fields[2], fields[3] if len(fields) > 3 else ""
+        if event == "woke":
+            woke = "pause" not in detail.split(",")
+        elif event == "round":
+            if current is not None:
+                rounds.append(current)
+            current = [] if woke else None
+            woke = False
+        elif current is not None:
+            current.append((event, detail))
+    return rounds
+
+
+def test_a_round_woken_for_a_task_claims_it_before_it_reads_the_pauses(vendor, runworkers,
+                                                                        tmp_path):
+    """The pauses are read when due (every POLL_INTERVAL) and when a pause or resume is
+    announced. In a round that an announcement of new work woke, a read due by time alone
+    waits until the claims: the pauses are announced to a listening supervisor, and read
+    first it was a round trip between the task and its handler. A pause still holds."""
+    if vendor != "postgresql":
+        pytest.skip("announcements are PostgreSQL's NOTIFY; elsewhere nothing wakes a round")
+    from django_dbworker import pausing
+
+    trace = tmp_path / "trace.log"
+    rw = runworkers("--queue", "default", "--concurrency", "1",
+                    extra_env={"DBWORKER_TRACE": str(trace), "DBWORKER_TEST_POLL": "0.25"})
+    wait_for(lambda: "runworkers:" in rw.output(), what="runworkers to start")
+    time.sleep(1.0)
+
+    def both() -> list[list[tuple[str, str]]]:
+        """Woken rounds that claimed a task and read the pauses (their read was due)."""
+        return [r for r in woken_round_events(trace.read_text(), rw.pid)
+                if any(e == "claimed" and d.endswith(" of tasks") and not d.startswith("0 ")
+                       for e, d in r)
+                and any(e == "sql" and "django_dbworker_pause" in d for e, d in r)]
+
+    rng = random.Random(24)
+    for n in range(40):
+        time.sleep(rng.uniform(0.15, 0.45))
+        result = tasks.add.enqueue(n, 1)
+
+        def done(result=result) -> bool:  # type: ignore[no-untyped-def]
+            result.refresh()
+            return result.status == TaskResultStatus.SUCCESSFUL
+
+        wait_for(done, what=f"task {n}")
+        if n >= 8 and len(both()) >= 4:
+            break
+    # A pause still holds: announced, it is read before the claims.
+    pausing.pause(queue="default")
+    time.sleep(0.3)
+    held = tasks.add.enqueue(100, 1)
+    time.sleep(1.0)
+    held.refresh()
+    assert held.status == TaskResultStatus.READY, "a task of a paused queue was claimed"
+    pausing.resume(queue="default")
+    wait_for(lambda: held.refresh() or held.status == TaskResultStatus.SUCCESSFUL,
+             what="the task after resume()")
+    rw.stop()
+    rounds = both()
+    assert len(rounds) >= 4, "too few woken rounds were due to read the pauses to tell"
+    for r in rounds:
+        claim = next(i for i, (e, d) in enumerate(r)
+                     if e == "claimed" and d.endswith(" of tasks") and not d.startswith("0 "))
+        read = next(i for i, (e, d) in enumerate(r)
+                    if e == "sql" and "django_dbworker_pause" in d)
+        assert claim < read, f"the pauses were read before the announced task's claim: {r}"
