@@ -46,6 +46,11 @@ class ChildProcessDied(DBWorkerError):
     """The process running a unit died (killed, crashed, out of memory)."""
 
 
+class SessionEnded(DBWorkerError):
+    """The database session running a unit ended while it ran, and the database answered
+    a new connection right after: counted as a crash (``MAX_CRASHES``)."""
+
+
 class UnknownTask(DBWorkerError):
     """A task row names a function that is not a ``django.tasks`` task of an installed app."""
 

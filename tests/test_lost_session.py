@@ -13,8 +13,9 @@ from django.db import connection
 from django_dbworker import workers
 from django_dbworker.models import Execution, State
 from django_dbworker.rows import store
-from django_dbworker.rows.store import Claimant
+from django_dbworker.rows.store import Claimant, FailureInfo
 from django_dbworker.supervisor import child
+from django_dbworker.supervisor.supervisor import SESSION_ENDED
 from django_dbworker.testing import run_until_idle
 from tests.testapp.models import Effect, Item
 
@@ -36,16 +37,17 @@ def test_a_session_ended_mid_handler_gives_the_unit_back(opened):
     report: list[tuple] = []
     child.run_one(0, c, "default", report)
 
-    assert [kind for _, kind, *_ in report] == ["db_error"], report
+    assert [kind for _, kind, *_ in report] == ["session_ended"], report
     execution = Execution.objects.get(worker="touch", source_id=str(item.pk))
     assert execution.state == State.WORKING, (execution.state, execution.failures.all())
     assert not Effect.objects.filter(item_id=item.pk).exists()  # rolled back with it
 
-    # Given back (as the supervisor does on a db_error report), it runs again and finishes.
-    store.release(c, crashed=None, max_crashes=3)
+    # Given back as a crash (as the supervisor does on a session_ended report: the
+    # database answered right after), it runs again and finishes.
+    store.release(c, crashed=FailureInfo(SESSION_ENDED, report[0][3]), max_crashes=3)
     run_until_idle(["touch"])
     execution.refresh_from_db()
-    assert execution.state == State.FINISHED
+    assert (execution.state, execution.crashes) == (State.FINISHED, 1)
     assert Effect.objects.filter(item_id=item.pk, worker="touch").count() == 1
 
 
@@ -57,9 +59,11 @@ def test_a_task_whose_session_ends_in_its_own_atomic_goes_back_unfailed(opened):
                              opened=opened)
 
 
-def _task_goes_back_unfailed(declared, effect_worker: str, *, opened: bool = True) -> None:
-    """Run one task of ``declared`` as a child does: reported as a database error, still
-    RUNNING with no error recorded (the supervisor gives it back), its writes rolled back."""
+def _task_goes_back_unfailed(declared, effect_worker: str, *, opened: bool = True,
+                             reported: str = "session_ended") -> None:
+    """Run one task of ``declared`` as a child does: reported as a session that ended
+    (the database answered right after), still RUNNING with no error recorded (the
+    supervisor gives it back, a crash counted), its writes rolled back."""
     from django_dbworker.models import TaskRecord, TaskStatus
     from django_dbworker.tasks import store as taskstore
 
@@ -70,7 +74,7 @@ def _task_goes_back_unfailed(declared, effect_worker: str, *, opened: bool = Tru
     report: list[tuple] = []
     child.run_one(0, c, "default", report)
 
-    assert [kind for _, kind, *_ in report] == ["db_error"], report
+    assert [kind for _, kind, *_ in report] == [reported], report
     row = TaskRecord.objects.get(pk=result.id)
     assert (row.status, row.errors) == (TaskStatus.RUNNING, []), (row.status, row.errors)
     assert not Effect.objects.filter(worker=effect_worker).exists()
@@ -92,7 +96,7 @@ def test_a_commit_psycopg_could_not_read_gives_the_unit_back_unfailed():
     execution = Execution.objects.get(worker="touch", source_id=str(item.pk))
     assert execution.state == State.WORKING, (execution.state, execution.failures.all())
     assert not Effect.objects.filter(item_id=item.pk).exists()
-    store.release(c, crashed=None, max_crashes=3)
+    store.release(c, crashed=None, max_crashes=3)  # its session was still there
     run_until_idle(["touch"])
     execution.refresh_from_db()
     assert execution.state == State.FINISHED
@@ -106,4 +110,95 @@ def test_a_task_whose_commit_psycopg_could_not_read_goes_back_unfailed(transacti
         pytest.skip("psycopg's own protocol error")
     declared = (tasks.protocol_confused_transactional if transactional
                 else tasks.protocol_confused_in_atomic)
-    _task_goes_back_unfailed(declared, "protocol_confused_in_atomic")
+    _task_goes_back_unfailed(declared, "protocol_confused_in_atomic", reported="db_error")
+
+
+def _refused(using: str = "default"):
+    """``using``'s settings pointed at a port nobody listens on, for a moment."""
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def pointed():
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        settings = connection.settings_dict
+        saved = (settings["HOST"], settings["PORT"])
+        settings["HOST"], settings["PORT"] = "127.0.0.1", str(port)
+        try:
+            yield
+        finally:
+            connection.close()
+            settings["HOST"], settings["PORT"] = saved
+    return pointed()
+
+
+def test_a_session_lost_while_the_database_does_not_answer_counts_no_crash():
+    """An outage (the server restarting, failing over): the unit goes back, nothing
+    counted; only a session that ended while the database answered counts a crash."""
+    from django.db import OperationalError
+
+    item = Item.objects.create(kind="touch")
+    (c,) = store.claim(workers["touch"], 1, Claimant(), 30)
+    report: list[tuple] = []
+    lost = OperationalError("terminating connection due to administrator command")
+    began_on = object()  # not the connection open now: the unit's session is gone
+    with _refused():
+        child.contain(0, c, lost, began_on, 0.0, "default", report)
+    assert [kind for _, kind, *_ in report] == ["db_error"], report
+    report.clear()
+    child.contain(0, c, lost, began_on, 0.0, "default", report)  # it answers again
+    assert [kind for _, kind, *_ in report] == ["session_ended"], report
+    assert Execution.objects.get(worker="touch", source_id=str(item.pk)).state == State.WORKING
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("kind", ["row", "task"])
+def test_a_unit_that_ends_its_session_every_time_ends_failed_after_max_crashes(
+        runworkers, kind):
+    """A handler that ends its own session each time it runs (one that idles in its
+    transaction past ``idle_in_transaction_session_timeout``, one that kills its own
+    connection) ran again without end: each loss was taken for the database's, and nothing
+    was counted. Now each counts a crash, and ``MAX_CRASHES`` (3) ends it FAILED, naming
+    the session; a unit beside it runs once."""
+    from django_dbworker.models import TaskRecord, TaskStatus
+    from tests.conftest import wait_for
+    from tests.testapp import tasks
+
+    if kind == "row":
+        poison = Item.objects.create(kind="touch", action="drop_session_always")
+        other = Item.objects.create(kind="touch")
+        rw = runworkers("--worker", "touch", "--concurrency", "1")
+
+        def ended() -> bool:
+            return Execution.objects.filter(worker="touch", source_id=str(poison.pk),
+                                            state=State.FAILED).exists()
+    else:
+        result = tasks.drop_session_always.enqueue()
+        other = Item.objects.create(kind="touch")
+        rw = runworkers("--queue", "default", "--worker", "touch", "--concurrency", "1")
+
+        def ended() -> bool:
+            return TaskRecord.objects.filter(pk=result.id, status=TaskStatus.FAILED).exists()
+    wait_for(ended, timeout=60, what="the unit that ends its session to end FAILED")
+    wait_for(lambda: Execution.objects.filter(worker="touch", source_id=str(other.pk),
+                                              state=State.FINISHED).exists(),
+             what="the unit beside it")
+    out = rw.output()
+    rw.stop()
+    assert out.count("unit_session_ended") == 3, out[-3000:]
+    if kind == "row":
+        execution = Execution.objects.get(worker="touch", source_id=str(poison.pk))
+        assert (execution.attempts, execution.crashes) == (3, 3)
+        (failure,) = execution.failures.all()
+        message, exception_class = failure.message, failure.exception_class
+    else:
+        row = TaskRecord.objects.get(pk=result.id)
+        # Each crash is in its errors; the third ends it (counted as the last attempt).
+        assert (row.attempts, row.crashes, len(row.errors)) == (3, 2, 3), row.errors
+        message = row.errors[-1]["message"]
+        exception_class = row.errors[-1]["exception_class_path"]
+    assert exception_class.endswith("SessionEnded"), exception_class
+    assert "database session" in message and "MAX_CRASHES" in message, message
+    assert Effect.objects.filter(item_id=other.pk, worker="touch").count() == 1

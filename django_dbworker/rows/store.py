@@ -484,7 +484,8 @@ def by_tokens(claims: list[Any]) -> Q:
 def too_many_crashes(crashed: FailureInfo, max_crashes: int) -> FailureInfo:
     return FailureInfo(
         crashed.exception_class,
-        f"{crashed.message}; this unit has now lost its process {max_crashes} time(s) "
+        f"{crashed.message}; this unit has now lost its process or its database session "
+        f"{max_crashes} time(s) "
         "(DBWORKER['MAX_CRASHES']), so it is marked FAILED instead of being run again.",
         crashed.traceback,
     )

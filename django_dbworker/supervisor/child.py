@@ -110,13 +110,24 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
             using: str, report: list[tuple[Any, ...]]) -> None:
     """``exc`` escaped the unit: a lost connection gives it back; anything else is the
     unit's own fault and becomes its FAILED record, here and now; if even that cannot
-    be recorded, the supervisor releases it as a crash (MAX_CRASHES ends it)."""
+    be recorded, the supervisor releases it as a crash (MAX_CRASHES ends it).
+
+    A session that ended while the unit ran, with the database answering right after (a
+    new connection, at once), is released as a crash (``session_ended``): one such loss
+    is not the unit's fault (an administrator's ``pg_terminate_backend``, a pooler), but a
+    handler that ends its session each time (it idles in its transaction past
+    ``idle_in_transaction_session_timeout``, it kills its own connection) would otherwise
+    run again without end; MAX_CRASHES ends it. Where the database does not answer (an
+    outage, a restart), or the session is still there (it lost its prepared statements,
+    psycopg could not read an answer, a deadlock), nothing is counted (``db_error``)."""
     units.let_go()
     if isinstance(exc, DatabaseError) and (engine(using).session_lost(exc)
                                            or units.transient(exc)
                                            or not connected(using, raw)):
+        ended = not units.transient(exc) and not connected(using, raw)
         connections[using].close()
-        report.append((seq, "db_error", str(units.describe(claim)), safe_message(exc)))
+        kind = "session_ended" if ended and _answers(using) else "db_error"
+        report.append((seq, kind, str(units.describe(claim)), safe_message(exc)))
         return
     info = units.fallback(claim, exc)
     log_event(logging.ERROR, "unit_error", **units.describe(claim), child=os.getpid(),
@@ -135,6 +146,18 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
     outcome = RunOutcome.FAILED if recorded else RunOutcome.LEASE_LOST
     report.append((seq, "result", claim.result(
         outcome, time.monotonic() - started, f"{info.exception_class}: {info.message}")))
+
+
+def _answers(using: str) -> bool:
+    """Whether the database answers a new connection now (left open for the next unit)."""
+    try:
+        connections[using].ensure_connection()
+        if connected(using):
+            return True
+    except DatabaseError:
+        pass
+    connections[using].close()
+    return False
 
 
 def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,

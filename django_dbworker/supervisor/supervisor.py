@@ -45,6 +45,7 @@ from .units import Unit
 from .wakeups import Commits, Listener, behind_transaction_pooler
 
 CHILD_DIED = "django_dbworker.exceptions.ChildProcessDied"
+SESSION_ENDED = "django_dbworker.exceptions.SessionEnded"
 #: Seconds a worker whose claim or sweep raised is left alone before it is tried again.
 BROKEN_WORKER_PAUSE = 30.0
 #: Seconds before a claim that lost to another transaction (a deadlock, a lock wait timed
@@ -647,6 +648,19 @@ class Supervisor:
                           unit=unit, error=error[:300])
                 if c is not None:
                     self.retry_release.append((c, None))
+            elif kind == "session_ended":
+                # Its session ended while it ran and the database answered right after:
+                # released as a crash, so a handler that ends its session each time is
+                # ended by MAX_CRASHES, never a loop (``child.contain``).
+                unit, error = details
+                log_event(logging.WARNING, "unit_session_ended", child=ch.pid, unit=unit,
+                          error=error[:300])
+                self.progress.add(RunOutcome.CRASHED)
+                if c is not None:
+                    self.retry_release.append((c, FailureInfo(
+                        SESSION_ENDED,
+                        "the database session running this unit ended while it ran, and "
+                        f"the database answered a new connection right after: {error[:500]}")))
             elif kind == "unrecordable":
                 # Not even its fallback FAILED record could be written on a working
                 # connection: released as a crash, so MAX_CRASHES ends it, never a loop.

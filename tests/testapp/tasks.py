@@ -297,6 +297,15 @@ def drop_session_in_atomic():
 
 
 @task(retries=3, retry_delay=0)
+def drop_session_always():
+    """test_lost_session: the task ends its own session every time it runs."""
+    from .workers import _drop_own_session
+
+    Effect.objects.create(item_id=0, worker="drop_session_always")
+    _drop_own_session()
+
+
+@task(retries=3, retry_delay=0)
 def protocol_confused_in_atomic():
     """test_lost_session: psycopg cannot make sense of the answer to the task's COMMIT."""
     from django.db import transaction

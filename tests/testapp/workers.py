@@ -108,6 +108,9 @@ def _act(item, name, context=None):
         if workers[name].state(item.pk)["attempts"] <= 1:
             _drop_own_session()
         return Finished()
+    if action == "drop_session_always":  # the handler ends its own session every time
+        # (as one idling in its transaction past idle_in_transaction_session_timeout)
+        _drop_own_session()
     if action == "protocol_confused_first":  # psycopg cannot make sense of the server's
         # answer to the handler's COMMIT (seen behind PgBouncer when the server connection
         # was ended mid-transaction), on the unit's first attempt
