@@ -202,3 +202,25 @@ def test_a_unit_that_ends_its_session_every_time_ends_failed_after_max_crashes(
     assert exception_class.endswith("SessionEnded"), exception_class
     assert "database session" in message and "MAX_CRASHES" in message, message
     assert Effect.objects.filter(item_id=other.pk, worker="touch").count() == 1
+
+
+@pytest.mark.processes
+def test_a_handler_idle_past_the_session_timeout_fails_as_its_own_error(runworkers):
+    """PostgreSQL ends a session idle in its transaction past
+    ``idle_in_transaction_session_timeout`` with an error of its own (SQLSTATE 25P03,
+    ``InternalError``) that the handler's next statement raises: the handler's failure,
+    recorded as such (retries apply), not a lost session, nothing counted as a crash."""
+    from tests.conftest import wait_for
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's idle_in_transaction_session_timeout")
+    item = Item.objects.create(kind="touch", action="idle_past_timeout")
+    rw = runworkers("--worker", "touch", "--concurrency", "1")
+    wait_for(lambda: Execution.objects.filter(worker="touch", source_id=str(item.pk),
+                                              state=State.FAILED).exists(),
+             what="the unit idle past the timeout to fail")
+    rw.stop()
+    execution = Execution.objects.get(worker="touch", source_id=str(item.pk))
+    assert (execution.attempts, execution.crashes) == (1, 0)
+    (failure,) = execution.failures.all()
+    assert "idle-in-transaction timeout" in failure.message, failure.message

@@ -108,6 +108,13 @@ def _act(item, name, context=None):
         if workers[name].state(item.pk)["attempts"] <= 1:
             _drop_own_session()
         return Finished()
+    if action == "idle_past_timeout":  # PostgreSQL ends the session of a transaction
+        # idle longer than idle_in_transaction_session_timeout (a slow call in a handler)
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL idle_in_transaction_session_timeout = '100ms'")
+        time.sleep(0.4)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")  # raises: the server ended the session
     if action == "drop_session_always":  # the handler ends its own session every time
         # (as one idling in its transaction past idle_in_transaction_session_timeout)
         _drop_own_session()
