@@ -360,6 +360,7 @@ def test_a_dependency_that_crashed_too_often_cancels_its_dependents():
     assert taskstore.release(claim, crashed=FailureInfo("x.ChildProcessDied", "killed"),
                              max_crashes=1) == 1
     assert status(a) == TaskStatus.FAILED and status(b) == TaskStatus.CANCELLED
+    assert TaskRecord.objects.get(pk=a.id).crashes == 1  # the last crash counts too
 
 
 def test_a_dependency_given_back_after_a_crash_releases_nothing():

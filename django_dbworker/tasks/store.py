@@ -503,8 +503,8 @@ def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> i
         back = {"token": None, "lease_expires_at": None, "available_at": now}
         if crashed is None:
             return qs.update(status=TaskStatus.READY, **back)
-        if qs.filter(crashes__gte=max_crashes - 1).exists():
-            from ..rows.store import too_many_crashes
+        if qs.filter(crashes__gte=max_crashes - 1).update(crashes=F("crashes") + 1):
+            from ..rows.store import too_many_crashes  # counted, as a row's last crash is
 
             return fail_attempt(c, too_many_crashes(crashed, max_crashes), retry_at=None)
         row = qs.select_for_update().values("errors").first()
