@@ -215,22 +215,30 @@ def test_runworkers_comes_up_when_its_check_process_is_killed(runworkers):
     from tests.conftest import wait_for
     from tests.testapp.models import Item
 
-    rw = runworkers("--worker", "touch")
-    killed: list[int] = []
-    deadline = time.monotonic() + 60
-    while not killed and rw.process.poll() is None and time.monotonic() < deadline:
-        for pid in rw.children():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:  # its check was through already
-                continue
-            killed.append(pid)
-        time.sleep(0.005)
-    assert killed, rw.output()
+    message = "checks' process was killed by SIGKILL; running the checks in this process"
+    for _ in range(5):  # a loaded machine may run the checks between two looks: again
+        rw = runworkers("--worker", "touch")
+        killed: list[int] = []
+        deadline = time.monotonic() + 60
+        while (not killed and rw.process.poll() is None and time.monotonic() < deadline
+               and "runworkers:" not in rw.output()):
+            for pid in rw.children():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # its check was through already
+                    continue
+                killed.append(pid)
+            time.sleep(0.005)
+        wait_for(lambda rw=rw: "runworkers:" in rw.output() or rw.process.poll() is not None,
+                 what="runworkers to come up")
+        if message in rw.output():
+            break
+        rw.stop()  # the kill hit a worker child, or came too late: not the case tested
+    else:
+        pytest.fail(f"no kill hit the checks' process in 5 starts: {rw.output()[-2000:]}")
     item = Item.objects.create()
     wait_for(lambda: Execution.objects.filter(worker="touch", source_id=str(item.pk),
                                               state=State.FINISHED).exists(),
              what="the row processed")
     assert rw.process.poll() is None
-    assert "checks' process was killed by SIGKILL; running the checks in this process" in (
-        rw.output())
+    assert message in rw.output(), rw.output()
