@@ -45,8 +45,10 @@ def test_a_round_woken_for_a_task_claims_only_tasks(vendor, runworkers, tmp_path
     if vendor != "postgresql":
         pytest.skip("announcements are PostgreSQL's NOTIFY; elsewhere every wake-up claims all")
     trace = tmp_path / "trace.log"
+    # POLL_INTERVAL as by default (tests' 0.1 s): a source found short is skipped for that
+    # long, and under load 0.1 s could pass between two tasks (CI failed so once).
     rw = runworkers("--worker", "touch", "--queue", "default", "--concurrency", "1",
-                    extra_env={"DBWORKER_TRACE": str(trace)})
+                    extra_env={"DBWORKER_TRACE": str(trace), "DBWORKER_TEST_POLL": "1.0"})
     wait_for(lambda: "runworkers:" in rw.output(), what="runworkers to start")
     time.sleep(1.5)  # past its first rounds, its first duties and a poll
     for n in range(6):
@@ -126,7 +128,7 @@ def test_a_round_woken_for_a_task_claims_it_before_it_reads_the_pauses(vendor, r
                 and any(e == "sql" and "django_dbworker_pause" in d for e, d in r)]
 
     rng = random.Random(24)
-    for n in range(40):
+    for n in range(60):
         time.sleep(rng.uniform(0.15, 0.45))
         result = tasks.add.enqueue(n, 1)
 
@@ -149,7 +151,8 @@ def test_a_round_woken_for_a_task_claims_it_before_it_reads_the_pauses(vendor, r
              what="the task after resume()")
     rw.stop()
     rounds = both()
-    assert len(rounds) >= 4, "too few woken rounds were due to read the pauses to tell"
+    # Mostly 4 within 16-23 tasks; each one alone fails without the change.
+    assert len(rounds) >= 2, "too few woken rounds were due to read the pauses to tell"
     for r in rounds:
         claim = next(i for i, (e, d) in enumerate(r)
                      if e == "claimed" and d.endswith(" of tasks") and not d.startswith("0 "))
