@@ -116,19 +116,19 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
     new connection, at once), is released as a crash (``session_ended``): one such loss
     is not the unit's fault (an administrator's ``pg_terminate_backend``, a pooler), but a
     handler that ends its session each time (it kills its own connection, it always
-    exceeds a pooler's ``query_timeout``) would otherwise
-    run again without end; MAX_CRASHES ends it. Where the database does not answer (an
-    outage, a restart), or the session is still there (it lost its prepared statements,
-    psycopg could not read an answer, a deadlock), nothing is counted (``db_error``)."""
+    exceeds a pooler's ``query_timeout``) would otherwise run again without end;
+    MAX_CRASHES ends it. Where the database does not answer (an outage, a restart), or
+    the session is still there (it lost its prepared statements, psycopg could not read
+    an answer, a deadlock), nothing is counted (``db_error``)."""
     units.let_go()
-    if isinstance(exc, DatabaseError) and (engine(using).session_lost(exc)
-                                           or units.transient(exc)
-                                           or not connected(using, raw)):
-        ended = not units.transient(exc) and not connected(using, raw)
-        connections[using].close()
-        kind = "session_ended" if ended and _answers(using) else "db_error"
-        report.append((seq, kind, str(units.describe(claim)), safe_message(exc)))
-        return
+    if isinstance(exc, DatabaseError):
+        transient = units.transient(exc)
+        ended = not transient and not connected(using, raw)
+        if engine(using).session_lost(exc) or transient or ended:
+            connections[using].close()
+            kind = "session_ended" if ended and _answers(using) else "db_error"
+            report.append((seq, kind, str(units.describe(claim)), safe_message(exc)))
+            return
     info = units.fallback(claim, exc)
     log_event(logging.ERROR, "unit_error", **units.describe(claim), child=os.getpid(),
               error=f"{info.exception_class}: {info.message}"[:1000])
