@@ -1,11 +1,17 @@
 """A unit whose database session the server ends while its handler runs goes back to be
-run again: the lost session is not the unit's fault, so it is never recorded FAILED (the
-chaos soak caught a row that was, on PostgreSQL: a child whose connection had been closed
-after an earlier lost session started the next unit with none, and leaving the handler's
-``atomic()`` made Django open a new one at once, which answered, so the child took the
-error for the unit's own)."""
+run again: one lost session is not the unit's fault, so it is not recorded as its failure
+(the chaos soak caught a row that was, on PostgreSQL: a child whose connection had been
+closed after an earlier lost session started the next unit with none, and leaving the
+handler's ``atomic()`` made Django open a new one at once, which answered, so the child
+took the error for the unit's own). Where the database answered a new connection right
+after, the loss counts a crash, so a unit that ends its session every time is ended by
+``MAX_CRASHES``; an outage counts nothing."""
 
 from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection
@@ -113,25 +119,20 @@ def test_a_task_whose_commit_psycopg_could_not_read_goes_back_unfailed(transacti
     _task_goes_back_unfailed(declared, "protocol_confused_in_atomic", reported="db_error")
 
 
-def _refused(using: str = "default"):
-    """``using``'s settings pointed at a port nobody listens on, for a moment."""
-    import contextlib
-    import socket
-
-    @contextlib.contextmanager
-    def pointed():
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", 0))
-            port = free.getsockname()[1]
-        settings = connection.settings_dict
-        saved = (settings["HOST"], settings["PORT"])
-        settings["HOST"], settings["PORT"] = "127.0.0.1", str(port)
-        try:
-            yield
-        finally:
-            connection.close()
-            settings["HOST"], settings["PORT"] = saved
-    return pointed()
+@contextlib.contextmanager
+def _refused() -> Iterator[None]:
+    """The default connection's settings pointed at a port nobody listens on, meanwhile."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    settings = connection.settings_dict
+    saved = (settings["HOST"], settings["PORT"])
+    settings["HOST"], settings["PORT"] = "127.0.0.1", str(port)
+    try:
+        yield
+    finally:
+        connection.close()
+        settings["HOST"], settings["PORT"] = saved
 
 
 def test_a_session_lost_while_the_database_does_not_answer_counts_no_crash():
@@ -157,11 +158,10 @@ def test_a_session_lost_while_the_database_does_not_answer_counts_no_crash():
 @pytest.mark.parametrize("kind", ["row", "task"])
 def test_a_unit_that_ends_its_session_every_time_ends_failed_after_max_crashes(
         runworkers, kind):
-    """A handler that ends its own session each time it runs (one that idles in its
-    transaction past ``idle_in_transaction_session_timeout``, one that kills its own
-    connection) ran again without end: each loss was taken for the database's, and nothing
-    was counted. Now each counts a crash, and ``MAX_CRASHES`` (3) ends it FAILED, naming
-    the session; a unit beside it runs once."""
+    """A handler that ends its own session each time it runs (it kills its own
+    connection) ran again without end: each loss was taken for the database's, and
+    nothing was counted. Now each counts a crash, and ``MAX_CRASHES`` (3) ends it FAILED,
+    naming the session; a unit beside it runs once."""
     from django_dbworker.models import TaskRecord, TaskStatus
     from tests.conftest import wait_for
     from tests.testapp import tasks
