@@ -115,11 +115,11 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
     A session that ended while the unit ran, with the database answering right after (a
     new connection, at once), is released as a crash (``session_ended``): one such loss
     is not the unit's fault (an administrator's ``pg_terminate_backend``, a pooler), but a
-    handler that ends its session each time (it kills its own connection, it always
-    exceeds a pooler's ``query_timeout``) would otherwise run again without end;
-    MAX_CRASHES ends it. Where the database does not answer (an outage, a restart), or
-    the session is still there (it lost its prepared statements, psycopg could not read
-    an answer, a deadlock), nothing is counted (``db_error``)."""
+    handler that ends its session each time (it kills its own connection, say) would
+    otherwise run again without end; MAX_CRASHES ends it. Where the database does not
+    answer (an outage, a restart), or the session is still there (it lost its prepared
+    statements, psycopg could not read an answer, a deadlock), nothing is counted
+    (``db_error``)."""
     units.let_go()
     if isinstance(exc, DatabaseError):
         transient = units.transient(exc)
