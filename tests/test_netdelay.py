@@ -94,15 +94,16 @@ def test_chunks_in_flight_overlap_a_delay_not_a_rate_limit(forward):
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         _round_trip(sock)
-        begin = time.perf_counter()
         for n in range(10):
             sock.sendall(b"%03d" % n)
             time.sleep(0.002)
+        last = time.perf_counter()
         data = _recv_exactly(sock, 30)
-        elapsed = time.perf_counter() - begin
+        after_last = time.perf_counter() - last
     assert data == b"".join(b"%03d" % n for n in range(10))
-    # Ten chunks 2 ms apart arrive one RTT after the last, not ten RTTs later.
-    assert elapsed < 0.040 + 0.020 + 0.040, elapsed
+    # Ten chunks 2 ms apart arrive one RTT after the last, not ten RTTs (0.4 s) later; the
+    # margin is for a loaded machine (CI ran it at 0.108 s from the first send, once).
+    assert after_last < 4 * 0.040, after_last
     # Sent without waiting for the replies on their way: one turn for all ten (plus the first).
     assert forwarder.stats()["total"]["turns"] == 2
 
