@@ -160,8 +160,9 @@ def test_a_unit_that_ends_its_session_every_time_ends_failed_after_max_crashes(
         runworkers, kind):
     """A handler that ends its own session each time it runs (it kills its own
     connection) ran again without end: each loss was taken for the database's, and
-    nothing was counted. Now each counts a crash, and ``MAX_CRASHES`` (3) ends it FAILED,
-    naming the session; a unit beside it runs once."""
+    nothing was counted. Now each counts a crash (the supervisor's session lived through
+    it), and ``MAX_CRASHES`` (3) ends it FAILED, naming the session; a unit beside it runs
+    once."""
     from django_dbworker.models import TaskRecord, TaskStatus
     from tests.conftest import wait_for
     from tests.testapp import tasks
@@ -188,15 +189,22 @@ def test_a_unit_that_ends_its_session_every_time_ends_failed_after_max_crashes(
     out = rw.output()
     rw.stop()
     assert out.count("unit_session_ended") == 3, out[-3000:]
+    # A loss counts only where the supervisor's own session lived through the child's
+    # whole session: a child's first session may have begun before the supervisor's
+    # (which it reopens after forking its children), so its loss may go uncounted once
+    # (an outage as far as the supervisor can tell), never more.
+    uncounted = out.count("every session ended")
+    assert uncounted <= 1, out[-3000:]
     if kind == "row":
         execution = Execution.objects.get(worker="touch", source_id=str(poison.pk))
-        assert (execution.attempts, execution.crashes) == (3, 3)
+        assert (execution.attempts, execution.crashes) == (3 + uncounted, 3)
         (failure,) = execution.failures.all()
         message, exception_class = failure.message, failure.exception_class
     else:
         row = TaskRecord.objects.get(pk=result.id)
         # Each crash is in its errors, the third with the MAX_CRASHES verdict.
-        assert (row.attempts, row.crashes, len(row.errors)) == (3, 3, 3), row.errors
+        assert (row.attempts, row.crashes, len(row.errors)) == (3 + uncounted, 3, 3), \
+            row.errors
         message = row.errors[-1]["message"]
         exception_class = row.errors[-1]["exception_class_path"]
     assert exception_class.endswith("SessionEnded"), exception_class

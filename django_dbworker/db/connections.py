@@ -3,6 +3,7 @@ transactional handler. What differs between databases is asked of their engine."
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -13,12 +14,16 @@ from django.db.models.expressions import RawSQL
 from .. import conf
 from . import engine_for
 
-_UNSET: Any = object()
+#: No value given (None means something: the connection open now).
+UNSET: Any = object()
 
 
 def on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     """What every new connection to our database needs (``connection_created``)."""
     if connection.alias == conf.get().DATABASE:
+        # When this session began (``time.monotonic()``, shared by a supervisor and its
+        # children): whether the supervisor's session lived through a child's that ended.
+        connection._dbworker_opened_at = time.monotonic()  # type: ignore[attr-defined]
         engine_for(connection).on_connection_created(connection)
 
 
@@ -46,6 +51,12 @@ def connected(using: str, raw: Any = None) -> bool:
                 and connection.is_usable())
     except DatabaseError:
         return False
+
+
+def opened_at(using: str) -> float | None:
+    """When this thread's session to ``using`` began (``time.monotonic()``, comparable
+    between a supervisor and its children), if one was opened here (``connection_created``)."""
+    return getattr(connections[using], "_dbworker_opened_at", None)
 
 
 def bound_lock_waits(using: str, seconds: float) -> None:
@@ -101,10 +112,10 @@ class TransactionCheck:
         else:
             self.begun = self.engine.mark_transaction(connections[self.using])
 
-    def unchanged(self, marker: Any = _UNSET) -> bool:
+    def unchanged(self, marker: Any = UNSET) -> bool:
         """Whether the transaction is still the one begun; ``marker``: as the completion
         UPDATE returned it, else it is read now."""
-        if marker is _UNSET:
+        if marker is UNSET:
             marker = self.engine.transaction_marker(connections[self.using])
         return marker == self.begun
 

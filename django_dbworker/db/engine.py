@@ -200,9 +200,21 @@ class Engine:
         """System-check messages about the database's settings."""
         return []
 
+    def connection_gone(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the connection or the server went away (a restart, a
+        failover, a terminated session, a network failure): an outage for every unit
+        recorded through that connection, whichever call saw it (``db.errors``)."""
+        return False
+
     def session_lost(self, exc: BaseException) -> bool:
         """Whether ``exc`` says the session lost something of ours (not the unit's fault:
         the unit goes back and the process opens a new session)."""
+        return False
+
+    def server_trouble(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the server's own state, not a value it was sent: out of
+        resources (disk, memory, connections), read-only, a statement cancelled or timed
+        out (``db.errors``)."""
         return False
 
     def transient(self, exc: BaseException) -> bool:

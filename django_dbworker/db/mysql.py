@@ -15,13 +15,21 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from django.core.checks import CheckMessage, Error, Warning
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, InterfaceError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .engine import Claim, Engine, RowTriggers, Trigger, row_trigger_statements
 
-#: Error codes that mean the session is gone (server gone away, lost connection, killed).
-LOST_SESSION = {2006, 2013, 1927, 4031}
+#: Error codes that mean the connection or the server went away: can't connect (2002,
+#: 2003), server gone away (2006), lost connection (2013, 2055), connection killed (1927),
+#: disconnected for inactivity (4031), server shutdown in progress (1053).
+GONE = frozenset({2002, 2003, 2006, 2013, 2055, 1927, 4031, 1053})
+#: Error codes of the server's state, not of a value: too many connections (1040, 1203),
+#: disk or table full (1021, 1114), out of memory (1037, 1041), read-only (1290, 1792,
+#: 1836), a statement interrupted or past its time limit (1317, 1969, 3024).
+TROUBLE = frozenset({1040, 1203, 1021, 1114, 1037, 1041, 1290, 1792, 1836, 1317, 1969, 3024})
+#: Error codes that mean the session is gone (``session_lost``): as ``GONE``.
+LOST_SESSION = GONE
 #: Error codes a transaction may be retried after (deadlock, lock wait timeout).
 RETRYABLE = {1213, 1205}
 
@@ -57,8 +65,16 @@ class MySQL(Engine):
                                 connection.mysql_version)  # type: ignore[attr-defined]
         return None if found is None else f"The database is {found} (check E013)"
 
+    def connection_gone(self, exc: BaseException) -> bool:
+        """``GONE``, or mysqlclient's ``InterfaceError`` of a closed connection (code 0)."""
+        code = _code(exc)
+        return code in GONE or (isinstance(exc, InterfaceError) and code in (0, None))
+
     def session_lost(self, exc: BaseException) -> bool:
         return _code(exc) in LOST_SESSION
+
+    def server_trouble(self, exc: BaseException) -> bool:
+        return _code(exc) in TROUBLE
 
     def transient(self, exc: BaseException) -> bool:
         """A deadlock (the server rolled the transaction back) or a lock wait timeout (the

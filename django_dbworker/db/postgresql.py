@@ -76,8 +76,32 @@ class PostgreSQL(Engine):
         if runs_units:
             prepared.activate()
 
+    def connection_gone(self, exc: BaseException) -> bool:
+        """SQLSTATE class 08 (connection exception), 57P01-57P03 and 57P05 (administrator
+        command, crash shutdown, cannot connect now, idle-session timeout), or psycopg's
+        own ``OperationalError`` without a SQLSTATE ("the connection is closed", "server
+        closed the connection unexpectedly", "consuming input failed"), except a pipeline
+        aborted by an earlier statement's error."""
+        import psycopg
+
+        cause = _cause(exc)
+        if not isinstance(cause, psycopg.Error):
+            return False
+        state = cause.sqlstate
+        if state is None:
+            return (isinstance(cause, psycopg.OperationalError)
+                    and not isinstance(cause, psycopg.errors.PipelineAborted))
+        return state.startswith("08") or state in GONE_STATES
+
     def session_lost(self, exc: BaseException) -> bool:
         return prepared.lost(exc) or protocol_confused(exc)
+
+    def server_trouble(self, exc: BaseException) -> bool:
+        """Classes 53 (insufficient resources), 57 (a cancelled or timed-out statement),
+        58 (system error), and a read-only transaction or a lock not available (25006,
+        55P03, 55006)."""
+        state = getattr(_cause(exc), "sqlstate", None) or ""
+        return state[:2] in ("53", "57", "58") or state in TROUBLE_STATES
 
     def set_table_storage(self, schema_editor: Any, tables: Sequence[str],
                           parameters: dict[str, Any]) -> None:
@@ -551,6 +575,19 @@ class Listening:
 #: Seconds the pooler probe waits for a connection (unless the database's OPTIONS set
 #: ``connect_timeout``): a system check must not hang on an unreachable host.
 PROBE_CONNECT_TIMEOUT = 5
+
+
+#: SQLSTATEs beyond class 08 that end the session: admin shutdown, crash shutdown, cannot
+#: connect now, idle-session timeout.
+GONE_STATES = frozenset({"57P01", "57P02", "57P03", "57P05"})
+#: SQLSTATEs of the server's state outside classes 53, 57 and 58: a read-only transaction
+#: (a standby after a failover), a lock not available, an object in use.
+TROUBLE_STATES = frozenset({"25006", "55P03", "55006"})
+
+
+def _cause(exc: BaseException) -> BaseException | None:
+    """psycopg's error behind Django's (or ``exc`` itself)."""
+    return exc.__cause__ if isinstance(exc, DatabaseError) else exc
 
 
 def protocol_confused(exc: BaseException) -> bool:

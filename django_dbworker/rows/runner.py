@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from .. import conf, progress, signals
 from ..context import Context
-from ..db import TransactionEnded, engine, sources
-from ..db.connections import TransactionCheck, connected
+from ..db import TransactionEnded, engine, errors, sources
+from ..db.connections import TransactionCheck
 from ..exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from ..logs import log_event
 from ..outcomes import Finished, Result, RunOutcome, Snooze, Unfinished
@@ -62,13 +62,13 @@ def run(c: Claim) -> Result:
         store.forget(c)
         return _result(c, GONE, started, "source row deleted", level=logging.INFO)
     except (OperationalError, InterfaceError) as exc:
-        if not connected(conf.get().DATABASE, raw):
+        if errors.gone(exc, raw=raw):
             raise  # the database is unreachable: the caller reconnects; the lease expires
         if _transient(exc):
             raise  # a deadlock rolled it all back: not the unit's fault; it goes back
         return _record_failure(c, exc, started)
     except BaseException as exc:
-        if engine().session_lost(exc):
+        if engine().session_lost(exc) or errors.gone(exc):
             raise  # not the unit's fault: the caller opens a new session; the unit goes back
         return _record_failure(c, exc, started)
     finally:

@@ -17,11 +17,11 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from .. import conf
-from ..db import engine
-from ..db.connections import connected, own_process
+from ..db import errors
+from ..db.connections import connected, opened_at, own_process
 from ..logs import log_event
 from ..outcomes import RunOutcome
-from ..rows.store import safe_message
+from ..rows.store import class_path, safe_message
 from ..tasks.completions import Completions, Kept
 from . import aio, trace, units
 from .handoff import Handoff
@@ -96,38 +96,48 @@ def run_one(seq: int, claim: units.Unit, using: str, report: list[tuple[Any, ...
     """Run one unit and add what to report of it to ``report``; never raises for anything
     the unit does (``contain``). ``then``: the unit to run right after it (``units.run``)."""
     started = time.monotonic()
-    raw = None
+    raw = since = None
     try:
         raw = _raw_connection(using)
+        since = opened_at(using)
         result = units.run(claim, keep, then)
         if result is not None:
             report.append((seq, "result", result))
     except Exception as exc:  # nothing a unit does kills its child
-        contain(seq, claim, exc, raw, started, using, report)
+        contain(seq, claim, exc, raw, started, using, report, since)
 
 
 def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: float,
-            using: str, report: list[tuple[Any, ...]]) -> None:
-    """``exc`` escaped the unit: a lost connection gives it back; anything else is the
-    unit's own fault and becomes its FAILED record, here and now; if even that cannot
-    be recorded, the supervisor releases it as a crash (MAX_CRASHES ends it).
+            using: str, report: list[tuple[Any, ...]], since: float | None = None) -> None:
+    """``exc`` escaped the unit (running it, or recording it: its completion, a batch of
+    completions, its failure). What the database error says decides, never which call saw
+    it (``db.errors.classify``): only a value the database refused on a session still
+    there is the unit's fault and becomes its FAILED record, here and now; if even that
+    cannot be recorded, the supervisor releases it as a crash (MAX_CRASHES ends it).
 
-    A session that ended while the unit ran, with the database answering right after (a
-    new connection, at once), is released as a crash (``session_ended``): one such loss
-    is not the unit's fault (an administrator's ``pg_terminate_backend``, a pooler), but a
-    handler that ends its session each time (it kills its own connection, say) would
-    otherwise run again without end; MAX_CRASHES ends it. Where the database does not
-    answer (an outage, a restart), or the session is still there (it lost its prepared
-    statements, psycopg could not read an answer, a deadlock), nothing is counted
-    (``db_error``)."""
+    A connection or server that went away gives the unit back, never FAILED: reported as
+    ``session_ended`` when the database answers a new connection at once (``since``: when
+    the session that ended began, ``opened_at``; None: unknown, never counted), else as an
+    outage (``db_error``, nothing counted). The supervisor counts a ``session_ended`` as a crash
+    only if its own session lived through it: a handler that ends its own session each
+    time (it kills its own connection, say) is ended by MAX_CRASHES instead of looping,
+    while a restart or a failover, which ends every session, counts nothing. A session
+    that lost only something of ours, or a transient error, goes back uncounted; the
+    server's own trouble (disk full, read-only, a statement timeout) as a crash."""
     units.let_go()
     if isinstance(exc, DatabaseError):
-        transient = units.transient(exc)
-        ended = not transient and not connected(using, raw)
-        if engine(using).session_lost(exc) or transient or ended:
+        why = errors.classify(exc, using, raw)
+        if why != errors.VALUE:
             connections[using].close()
-            kind = "session_ended" if ended and _answers(using) else "db_error"
-            report.append((seq, kind, str(units.describe(claim)), safe_message(exc)))
+            described = str(units.describe(claim))
+            if why == errors.SERVER:
+                report.append((seq, "db_trouble", described, safe_message(exc),
+                               class_path(exc)))
+            elif why == errors.GONE and _answers(using):
+                report.append((seq, "session_ended", described, safe_message(exc),
+                               0.0 if since is None else since))
+            else:
+                report.append((seq, "db_error", described, safe_message(exc)))
             return
     info = units.fallback(claim, exc)
     log_event(logging.ERROR, "unit_error", **units.describe(claim), child=os.getpid(),
@@ -135,7 +145,8 @@ def contain(seq: int, claim: units.Unit, exc: Exception, raw: Any, started: floa
     try:
         recorded = units.fail(claim, info)
     except Exception as again:
-        lost = isinstance(again, DatabaseError) and not connected(using)
+        lost = isinstance(again, DatabaseError) and errors.classify(
+            again, using, None) != errors.VALUE
         connections[using].close()
         if lost:
             report.append((seq, "db_error", str(units.describe(claim)),
@@ -207,16 +218,20 @@ def main(pipe: Connection, using: str, max_tasks: int | None, parent_pid: int,
 
     def flush() -> None:
         units.let_go()  # before any other statement, and before the child waits or exits
-        deliver(completions.flush())
+        since = opened_at(using)  # the session the records go through (``contain``)
+        deliver(completions.flush(), since)
 
-    def deliver(outcomes: Sequence[tuple[Kept, bool | Exception]]) -> None:
+    def deliver(outcomes: Sequence[tuple[Kept, bool | Exception]],
+                since: float | None = None) -> None:
         """What follows the records of kept tasks: their ``after`` (signals, callbacks,
-        the log line), and their lines in the next report."""
+        the log line), and their lines in the next report. ``since``: when the session
+        their records went through began."""
         if outcomes:
             units.let_go()  # before any other statement (``rows.chain``)
         for kept, outcome in outcomes:
             if isinstance(outcome, Exception):
-                contain(kept.tag, kept.claim, outcome, None, time.monotonic(), using, report)
+                contain(kept.tag, kept.claim, outcome, None, time.monotonic(), using, report,
+                        since)
                 continue
             try:
                 report.append((kept.tag, "result", kept.after(outcome)))

@@ -19,7 +19,7 @@ from django.db import DatabaseError, connections
 
 from .. import conf, pausing
 from ..db import engine_for, notify
-from ..db.connections import connected, own_process
+from ..db.connections import connected, opened_at, own_process
 from ..logs import log_event, logger
 from ..outcomes import RunOutcome
 from ..registry import Worker
@@ -649,10 +649,19 @@ class Supervisor:
                 if c is not None:
                     self.retry_release.append((c, None))
             elif kind == "session_ended":
-                # Its session ended while it ran and the database answered right after:
-                # released as a crash, so a handler that ends its session each time is
-                # ended by MAX_CRASHES, never a loop (``child.contain``).
-                unit, error = details
+                # Its session ended and the database answered right after. Where our own
+                # session lived through it, only the child's ended (a handler that ends its
+                # session each time): released as a crash, so MAX_CRASHES ends it, never a
+                # loop. Where ours ended too (a restart, a failover, every session
+                # terminated), an outage: given back, nothing counted (``child.contain``).
+                unit, error, since = details
+                if not self._session_survived(since):
+                    log_event(logging.WARNING, "child_database_error", child=ch.pid,
+                              unit=unit, error=error[:300],
+                              reason="every session ended, the supervisor's too")
+                    if c is not None:
+                        self.retry_release.append((c, None))
+                    continue
                 log_event(logging.WARNING, "unit_session_ended", child=ch.pid, unit=unit,
                           error=error[:300])
                 self.progress.add(RunOutcome.CRASHED)
@@ -661,6 +670,19 @@ class Supervisor:
                         SESSION_ENDED,
                         "the database session running this unit ended while it ran, and "
                         f"the database answered a new connection right after: {error[:500]}")))
+            elif kind == "db_trouble":
+                # The server's own state (disk full, read-only, a statement timeout), not
+                # the unit's value: released as a crash, so one that meets it each time
+                # is ended by MAX_CRASHES, never a loop; never FAILED at first sight.
+                unit, error, exception_class = details
+                log_event(logging.WARNING, "unit_database_trouble", child=ch.pid, unit=unit,
+                          error=error[:300])
+                self.progress.add(RunOutcome.CRASHED)
+                if c is not None:
+                    self.retry_release.append((c, FailureInfo(
+                        exception_class,
+                        "the database could not run or record this unit for a reason of its "
+                        f"own, not the unit's value: {error[:500]}")))
             elif kind == "unrecordable":
                 # Not even its fallback FAILED record could be written on a working
                 # connection: released as a crash, so MAX_CRASHES ends it, never a loop.
@@ -676,6 +698,23 @@ class Supervisor:
                         info.traceback)))
         if self.stop_requested_at is not None and not ch.sent:
             ch.ask_to_stop()
+
+    def _session_survived(self, since: float) -> bool:
+        """Whether this supervisor's own session began before the child's session that
+        ended (``since``, when that one began: ``time.monotonic()`` is shared by a
+        supervisor and its children) and still answers (one round trip; only when a child
+        reports a session that ended): ours lived through the whole life of the child's,
+        so that one ended alone. Not where ours began later (it ended too, or was
+        replaced) or no longer answers (closed now: the next round opens a new one)."""
+        connection = connections[self.using]
+        opened = opened_at(self.using)
+        if connection.connection is None or opened is None or opened > since:
+            return False
+        if connected(self.using):
+            return True
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+        return False
 
     def _child_exited(self, ch: Child) -> None:
         self.children.remove(ch)

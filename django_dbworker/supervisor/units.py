@@ -16,9 +16,9 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
-from django.db import DatabaseError, OperationalError
+from django.db import DatabaseError
 
-from ..db import engine
+from ..db import errors
 from ..logs import log_event, logger
 from ..rows import chain, store
 from ..rows.store import Claimant, FailureInfo
@@ -145,19 +145,9 @@ def fail(c: Unit, info: FailureInfo) -> int:
 
 
 def transient(exc: BaseException) -> bool:
-    """A database error no unit's value causes: SQLite's write lock still held after its
-    busy timeout, a deadlock or serialization failure (PostgreSQL's class 40), MariaDB's
-    and MySQL's deadlock or lock wait timeout (the engine's ``transient``, where it has
-    one)."""
-    if not isinstance(exc, OperationalError):
-        return False
-    text = store.safe_message(exc)
-    cause = exc.__cause__
-    state = getattr(cause, "sqlstate", None) or ""
-    if "database is locked" in text or "database table is locked" in text \
-            or state.startswith("40"):
-        return True
-    return engine().transient(exc)
+    """A database error no unit's value causes, that the same statements may meet no more
+    (``db.errors.transient``)."""
+    return errors.transient(exc)
 
 
 def fallback(c: Unit, exc: BaseException) -> FailureInfo:

@@ -32,7 +32,8 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from ..db.connections import connected, own_process
+from ..db import errors
+from ..db.connections import own_process
 from . import store as taskstore
 from .store import TaskClaim
 
@@ -166,7 +167,10 @@ class Completions:
             try:
                 ids = taskstore.succeed_many([(k.claim, k.value, k.finished_at) for k in kept])
             except DatabaseError as exc:
-                if len(kept) == 1 or not connected(self.using):
+                if len(kept) == 1 or not self._values_fault(exc):
+                    # The connection or server went away, or anything else that is not
+                    # a value's fault: every kept task has the same error (``contain``
+                    # gives each back).
                     return done + [(k, exc) for k in kept]
                 return done + self._one_by_one(kept)
             done += [(k, k.claim.task_id in ids) for k in kept]
@@ -183,11 +187,16 @@ class Completions:
                 ids = taskstore.succeed_many([(k.claim, k.value, k.finished_at)])
             except DatabaseError as exc:
                 done.append((k, exc))
-                if not connected(self.using):  # lost meanwhile: the rest is given back too
+                if not self._values_fault(exc):  # lost meanwhile: the rest goes back too
                     return done + [(rest, exc) for rest in kept[len(done):]]
             else:
                 done.append((k, k.claim.task_id in ids))
         return done
+
+    def _values_fault(self, exc: DatabaseError) -> bool:
+        """Whether the database refused a value of the record, on a session still there
+        (``db.errors``): only then is it one task's fault."""
+        return errors.classify(exc, self.using, None) == errors.VALUE
 
     def close(self) -> None:
         with self._cond:

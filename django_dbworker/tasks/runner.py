@@ -15,7 +15,7 @@ from django.utils.module_loading import import_string
 
 from .. import conf, progress
 from ..backend import DBWorkerTask
-from ..db import engine
+from ..db import engine, errors
 from ..db.connections import connected
 from ..djtasks import (
     TaskContext,
@@ -93,11 +93,11 @@ def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result
         except Snooze as exc:
             return _snoozed(task, c, row.snoozes, exc, started)
         except (OperationalError, InterfaceError) as exc:
-            if not connected(conf.get().DATABASE, raw):
-                raise
+            if errors.gone(exc, raw=raw):
+                raise  # the connection or the server went away: it goes back
             return _failed(task, c, exc, started)
         except BaseException as exc:
-            if engine().session_lost(exc):
+            if engine().session_lost(exc) or errors.gone(exc):
                 raise  # not the task's fault: the child opens a new session; it goes back
             return _failed(task, c, exc, started)
         finished = timezone.now()
@@ -143,11 +143,11 @@ def _run_in_transaction(task: Any, c: TaskClaim, result: Any, row: Any, started:
     except Snooze as exc:
         return _snoozed(task, c, row.snoozes, exc, started)
     except (OperationalError, InterfaceError) as exc:
-        if not connected(using, raw):
-            raise
+        if errors.gone(exc, using, raw):
+            raise  # the connection or the server went away: it goes back
         return _failed(task, c, exc, started)
     except BaseException as exc:
-        if engine(using).session_lost(exc):
+        if engine(using).session_lost(exc) or errors.gone(exc, using):
             raise  # not the task's fault: the child opens a new session; the task goes back
         return _failed(task, c, exc, started)
     _callback(task, "on_success", c, value)
