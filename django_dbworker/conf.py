@@ -23,6 +23,13 @@ class Config:
     DATABASE: str = "default"
     #: Seconds a claim stays valid without renewal; the supervisor renews every third of it.
     LEASE_SECONDS: float = 30.0
+    #: Seconds between two heartbeats of a supervisor (at most a third of LEASE_SECONDS).
+    #: One that misses three in a row (6 s by default, by the database's clock) is dead, and
+    #: another supervisor takes its units back at once instead of waiting for their leases
+    #: (PostgreSQL, MariaDB, MySQL; on SQLite the lease stays the bound). Raise it to make
+    #: a busy database or a slow network less likely to make a live one look dead; a
+    #: third of LEASE_SECONDS leaves the takeover to the lease. See docs/operations.md.
+    HEARTBEAT_INTERVAL: float = 2.0
     #: Seconds between claim attempts when there was nothing to claim (and no wake-up).
     POLL_INTERVAL: float = 1.0
     #: PostgreSQL: NOTIFY on new work and LISTEN in supervisors (turn off behind a
@@ -116,8 +123,8 @@ MAX_COUNT = 2**31 - 1
 MAX_CONCURRENCY = 1000
 _LIMITS = {"RETENTION": (MAX_RETENTION, "100 years"),
            "SQLITE_BUSY_TIMEOUT": (MAX_SQLITE_BUSY_TIMEOUT, "SQLite's limit")}
-_POSITIVE = {"LEASE_SECONDS", "POLL_INTERVAL", "SWEEP_INTERVAL", "FULL_SWEEP_INTERVAL",
-             "SQLITE_BUSY_TIMEOUT"}
+_POSITIVE = {"LEASE_SECONDS", "HEARTBEAT_INTERVAL", "POLL_INTERVAL", "SWEEP_INTERVAL",
+             "FULL_SWEEP_INTERVAL", "SQLITE_BUSY_TIMEOUT"}
 _NULLABLE = {
     "MAX_TASKS_PER_CHILD", "CHILD_MAX_MEMORY_MB", "RETENTION", "FULL_SWEEP_INTERVAL",
     "TASK_RATE_LIMIT", "HEALTH_MAX_LAG",

@@ -19,6 +19,7 @@ def test_defaults():
     with override_settings(DBWORKER={}):
         config = conf.load()
     assert config.LEASE_SECONDS == 30.0 and config.MAX_CRASHES == 3
+    assert config.HEARTBEAT_INTERVAL == 2.0
     assert config.DATABASE == "default" and config.MAX_TASKS_PER_CHILD is None
     assert config.PREFETCH == 32 and config.METRICS_PROCESS is True
     assert config.SWEEP_INTERVAL == 2.0 and config.FULL_SWEEP_INTERVAL == 3600.0
@@ -31,6 +32,8 @@ def test_defaults():
     [
         ({"LEASE_SECONDS": "30"}, r"DBWORKER\['LEASE_SECONDS'\] is '30'; it must be a number"),
         ({"LEASE_SECONDS": 0}, r"LEASE_SECONDS'\] is 0; it must be greater than 0"),
+        ({"HEARTBEAT_INTERVAL": 0}, r"HEARTBEAT_INTERVAL'\] is 0; it must be greater than 0"),
+        ({"HEARTBEAT_INTERVAL": "2"}, r"HEARTBEAT_INTERVAL'\] is '2'; it must be a number"),
         ({"GRACE_PERIOD": -1}, r"GRACE_PERIOD'\] is -1; it must not be negative"),
         ({"STARTUP_WAIT": -1}, r"STARTUP_WAIT'\] is -1; it must not be negative"),
         ({"STARTUP_WAIT": "60"}, r"STARTUP_WAIT'\] is '60'; it must be a number of seconds"),
