@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -690,15 +691,52 @@ class StoredSchedule(models.Model):
         return f"{self.name}: {self.cron} {self.task_path}"
 
 
+class DatabaseNow(models.Func):
+    """The database's clock, as Django stores a datetime there: what heartbeats are written
+    and judged with, so that no host's clock (one running behind, a VM that drifted) makes
+    a live supervisor look dead to the others, or a dead one alive.
+
+    PostgreSQL: ``STATEMENT_TIMESTAMP()`` (``timestamptz``). MariaDB/MySQL:
+    ``UTC_TIMESTAMP(6)`` with ``USE_TZ`` (Django stores UTC there), the session's
+    ``NOW(6)`` without. SQLite: the time of the process running the statement (all of
+    them share one host), in UTC, or local time without ``USE_TZ``.
+    """
+
+    template = "CURRENT_TIMESTAMP"
+    output_field = models.DateTimeField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template="STATEMENT_TIMESTAMP()", **extra)
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        now = "UTC_TIMESTAMP(6)" if settings.USE_TZ else "NOW(6)"
+        return self.as_sql(compiler, connection, template=now, **extra)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        local = "" if settings.USE_TZ else ", 'localtime'"
+        now = f"STRFTIME('%%%%Y-%%%%m-%%%%d %%%%H:%%%%M:%%%%f', 'now'{local})"
+        return self.as_sql(compiler, connection, template=now, **extra)
+
+
+def database_now(plus: timedelta | None = None) -> Any:
+    """``DatabaseNow()``, plus ``plus``: an expression to write or compare with."""
+    if not plus:
+        return DatabaseNow()
+    return models.ExpressionWrapper(DatabaseNow() + plus, output_field=models.DateTimeField())
+
+
 class SupervisorQuerySet(models.QuerySet["Supervisor"]):
-    """Which supervisors are alive: their heartbeat is younger than their lease."""
+    """Which supervisors are alive: their last heartbeat is younger than the bound it
+    declared (``heartbeat_expires_at``), by the database's clock unless given ``now``."""
 
     def alive(self, now: datetime | None = None) -> SupervisorQuerySet:
-        return self.filter(stopped_at__isnull=True, heartbeat_expires_at__gte=now or timezone.now())
+        return self.filter(stopped_at__isnull=True,
+                           heartbeat_expires_at__gte=now or DatabaseNow())
 
     def dead(self, now: datetime | None = None) -> SupervisorQuerySet:
         """Stopped beating without saying they stopped: killed, crashed or cut off."""
-        return self.filter(stopped_at__isnull=True, heartbeat_expires_at__lt=now or timezone.now())
+        return self.filter(stopped_at__isnull=True,
+                           heartbeat_expires_at__lt=now or DatabaseNow())
 
     def stopped(self) -> SupervisorQuerySet:
         return self.filter(stopped_at__isnull=False)
@@ -706,9 +744,15 @@ class SupervisorQuerySet(models.QuerySet["Supervisor"]):
     def recent(self, within: timedelta = timedelta(days=1)) -> SupervisorQuerySet:
         return self.filter(last_heartbeat__gte=timezone.now() - within)
 
+    def judged(self) -> SupervisorQuerySet:
+        """Each row with the database's clock as it was read (``database_now``), which
+        ``Supervisor.state()`` then judges it by, as ``alive()``/``dead()`` and the
+        takeover of a dead supervisor's units do (``supervisor/takeover.py``)."""
+        return self.annotate(database_now=DatabaseNow())
+
 
 class Supervisor(models.Model):
-    """One ``runworkers`` process, written by its own heartbeat every lease renewal."""
+    """One ``runworkers`` process, written by its own heartbeat (``HEARTBEAT_INTERVAL``)."""
 
     #: The supervisor's claimant id, the ``supervisor_id`` of the units it claims.
     id = models.UUIDField(primary_key=True)
@@ -740,10 +784,12 @@ class Supervisor(models.Model):
         return f"{self.host}:{self.pid}"
 
     def state(self, now: datetime | None = None) -> str:
-        """``alive``, ``stopped`` or ``dead``."""
+        """``alive``, ``stopped`` or ``dead`` at ``now``; by default by the database's
+        clock where the row was read with it (``judged()``), else this host's."""
         if self.stopped_at is not None:
             return "stopped"
-        return "alive" if self.heartbeat_expires_at >= (now or timezone.now()) else "dead"
+        now = now or getattr(self, "database_now", None) or timezone.now()
+        return "alive" if self.heartbeat_expires_at >= now else "dead"
 
 
 class Dashboard(Supervisor):

@@ -257,14 +257,22 @@ def test_renewal_extends_every_lease_its_supervisor_holds_and_beats():
     units.unclaim(given_back)
     theirs = store.claim(workers["touch"], 1, other, 1.0)
     beats = []
-    renewal = Renewal(claimant, 30.0, lambda: beats.append(1), tasks=True)
-    Duties([renewal], Clock(50.0)).run_due()
+    renewal = Renewal(claimant, 30.0, lambda: beats.append(1), tasks=True, heartbeat=2.0)
+    renewal.run(50.0)
+    assert beats == [1] and lease_left(held[0]) < 2, "the beat first, a run of its own"
+    assert renewal.due(50.0) and renewal.left(50.0) <= 0.0, "the renewal still due"
+    renewal.run(50.0)
     assert all(lease_left(c) > 20 for c in held), "running, in a child or claimed ahead"
     assert lease_left(theirs[0]) < 2, "another supervisor's unit is not renewed"
     assert lease_left(given_back[0]) == 0.0, "what was given back is no longer held"
-    assert beats == [1]
-    assert not renewal.due(50.0 + 9.9) and renewal.due(50.0 + 10.0), "a third of the lease"
+    assert beats == [1] and not renewal.due(50.0)
+    assert not renewal.due(51.9) and renewal.due(52.0), "the next beat: a heartbeat interval"
+    renewal.run(52.0)
+    assert beats == [1, 1] and renewal.left(52.0) == 2.0, "the next beat first"
+    assert renewal.renewing.left(52.0) == 8.0, "the renewal: a third of the lease"
     rows_only = Renewal(claimant, 60.0, lambda: None, tasks=False)
+    assert rows_only.every.interval == 20.0, "no heartbeat interval: a third of the lease"
+    rows_only.run(0.0)
     rows_only.run(0.0)
     assert lease_left(held[0]) > 50 and lease_left(held[2]) < 31, "tasks only when it runs them"
 
@@ -404,6 +412,10 @@ def test_the_supervisors_loop_runs_maintenance_and_its_renewer_the_renewal():
         assert supervisor.renewer.renewal.tasks and not supervisor.renewer.alive()
         assert supervisor.reaping.spare is supervisor.claimant
         assert supervisor.reaping.held == supervisor._held
+        # The heartbeat every HEARTBEAT_INTERVAL, witness of the reaper's takeovers.
+        assert supervisor.reaping.witness is supervisor.heartbeat
+        assert supervisor.heartbeat.interval == conf.get().HEARTBEAT_INTERVAL == 2.0
+        assert supervisor.renewer.renewal.every.interval == supervisor.heartbeat.interval
     finally:
         supervisor._wake_r.close()
         supervisor._wake_w.close()

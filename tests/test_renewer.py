@@ -129,6 +129,7 @@ def test_the_thread_renews_on_its_own_connection_outside_forks():
     beat = threading.Event()
 
     def on_beat() -> None:
+        connections["default"].ensure_connection()  # as the beat's UPDATE would
         seen.append((connections["default"], connections["default"].connection,
                      signal.pthread_sigmask(signal.SIG_BLOCK, set())))
         beat.set()

@@ -532,6 +532,21 @@ def reap(max_crashes: int, spare: Claimant | None = None) -> int:
     return reaped
 
 
+def reap_held(supervisor_id: uuid.UUID, crashed: FailureInfo | None, max_crashes: int) -> int:
+    """Take back the executions a gone supervisor still holds (WORKING with its id), each
+    fenced by its token and released as ``reap`` releases (``crashed``: the crash to count;
+    None: not a crash). Read through the index ``dbworker_execution_working``, as renewal
+    reads them: the cost follows the units in flight, never the history; at most 1,000 a
+    call (``supervisor/takeover.py``)."""
+    using = _alias()
+    now = timezone.now()
+    rows = Execution.objects.using(using).working().filter(
+        supervisor_id=supervisor_id).values_list("id", "attempts", "token")[:1000]
+    return sum(release(Claim(execution_id, "", "", cast(uuid.UUID, token), attempt, now),
+                       crashed=crashed, max_crashes=max_crashes)  # WORKING: it has a token
+               for execution_id, attempt, token in list(rows))
+
+
 def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> int:
     """Give back the executions ``claimant`` holds in the database but not in memory
     (``held``: ``(id, token)`` pairs; a claim's units share its token): not a crash

@@ -4,7 +4,10 @@ The main loop claims, sweeps, reaps and prunes; any of those may take seconds (a
 ``eligible`` queryset, a big table, a busy server). Renewal ran in that loop once, so one
 slow query delayed it past a short lease: healthy units were reaped and their commits
 refused. Now ``duties.leases.Renewal`` runs here, in a thread of the supervisor, and no
-claim, discovery or maintenance query can hold it up.
+claim, discovery or maintenance query can hold it up: neither the renewal (every third of
+the lease) nor the heartbeat (every ``HEARTBEAT_INTERVAL``), whose silence other
+supervisors take for death (``takeover.py``). A round runs the duty while it is due, each
+run (the beat, the renewal) a transaction of its own.
 
 Why a thread and not a process: a renewer process would be one more child of
 ``runworkers`` (what operators and the tests count, what the subreaper collects, what a
@@ -25,11 +28,11 @@ transactional handler holds the write lock (nobody can reap meanwhile either), a
 supervisor's own reaper never takes back its own units (``leases.Reaping``).
 
 A round that failed on the database is logged and tried again (``outage.Outage``:
-``database_error``, then one ``reconnected`` line; backing off at most a renewal interval,
-so a lease outlives the wait). One that waited in vain for a lock (``units.transient``:
-SQLite's write lock) is tried again at once, and said once a minute (``renewal_delayed``);
-anything else it raises too (``duty_failed``). It stops, and is joined, before
-the supervisor's last heartbeat write.
+``database_error``, then one ``reconnected`` line; backing off at most a heartbeat
+interval, so a lease, and the bound of three missed beats, outlive the wait). One that
+waited in vain for a lock (``units.transient``: SQLite's write lock) is tried again at
+once, and said once a minute (``renewal_delayed``); anything else it raises too
+(``duty_failed``). It stops, and is joined, before the supervisor's last heartbeat write.
 """
 
 from __future__ import annotations
@@ -126,8 +129,9 @@ class Renewer:
             try:
                 with self._fork:
                     try:
-                        with lock_wait_scope(self.using):
-                            self.renewal.run(now)
+                        while self.renewal.due(now):  # each part a transaction of its own
+                            with lock_wait_scope(self.using):
+                                self.renewal.run(now)
                     finally:
                         with contextlib.suppress(DatabaseError):
                             connections[self.using].close()
@@ -140,7 +144,7 @@ class Renewer:
                 self._log_once(exc, now, "duty_failed", duty=self.renewal.name)
             else:
                 self.outage.went_through(connected=True)
-        return max(0.0, self.renewal.every.left(self.clock()))
+        return max(0.0, self.renewal.left(self.clock()))
 
     def _log_once(self, exc: Exception, now: float, event: str, **fields: object) -> None:
         """At most one line a minute about rounds that fail the same way."""

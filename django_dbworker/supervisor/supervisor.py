@@ -121,7 +121,7 @@ class Supervisor:
         self.heartbeat = Heartbeat(
             self.claimant, lease=config.LEASE_SECONDS, concurrency=options.concurrency,
             workers=[w.name for w in options.workers], queues=options.queues,
-            tasks=options.tasks, burst=options.burst)
+            tasks=options.tasks, burst=options.burst, interval=config.HEARTBEAT_INTERVAL)
         self.outage = Outage()
         self.retries = Retries(config.MAX_CRASHES)
         #: Writes to retry once the database answers (``Retries``).
@@ -131,11 +131,12 @@ class Supervisor:
         # read of the main loop's is copied there: the children list, the count done.
         self.renewer = Renewer(Renewal(
             self.claimant, config.LEASE_SECONDS, tasks=options.tasks,
-            beat=lambda: self.heartbeat.beat(list(self.children), self.progress.done)),
+            beat=lambda: self.heartbeat.beat(list(self.children), self.progress.done),
+            heartbeat=self.heartbeat.interval),
             self.using)
         self.reaping = Reaping(config.LEASE_SECONDS, config.MAX_CRASHES,
                                tasks=self.tasks is not None, spare=self.claimant,
-                               held=self._held)
+                               held=self._held, witness=self.heartbeat)
         self.discovery = Discovery(
             [Sweeper(w, config.SWEEP_BATCH, full_interval=config.FULL_SWEEP_INTERVAL,
                      owner=self.claimant.supervisor_id, periodic_full=_without_triggers)

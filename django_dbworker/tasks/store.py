@@ -571,6 +571,18 @@ def reap(max_crashes: int, spare: Claimant | None = None) -> int:
     )
 
 
+def reap_held(supervisor_id: uuid.UUID, crashed: FailureInfo | None, max_crashes: int) -> int:
+    """Take back the tasks a gone supervisor still holds (RUNNING with its id), through the
+    index ``dbworker_task_running``, as ``rows.store.reap_held``."""
+    using = _alias()
+    now = timezone.now()
+    rows = TaskRecord.objects.using(using).running().filter(
+        supervisor_id=supervisor_id).values_list("pk", "task_path", "attempts", "token")[:1000]
+    return sum(release(TaskClaim(pk, path, cast(uuid.UUID, token), attempt, now, now),
+                       crashed=crashed, max_crashes=max_crashes)  # RUNNING: it has a token
+               for pk, path, attempt, token in list(rows))
+
+
 def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> int:
     """Give back the tasks ``claimant`` holds in the database but not in memory (``held``:
     ``(id, token)`` pairs; as ``rows.store.release_untracked``)."""

@@ -71,6 +71,10 @@ class Periodic:
     def due(self, now: float) -> bool:
         return self.every.due(now)
 
+    def left(self, now: float) -> float:
+        """Seconds until due; 0 or less when due."""
+        return self.every.left(now)
+
     def run(self, now: float) -> None:
         self.every.ran(now)
         try:

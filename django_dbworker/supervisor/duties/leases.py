@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
+
+from django.db import DatabaseError
 
 from ...logs import log_event
 from ...rows.store import Claimant, FailureInfo
-from .. import units
+from .. import takeover, units
 from ..units import Unit
-from .base import Periodic
+from .base import Every, Periodic
 
 
 class Retries:
@@ -43,32 +46,75 @@ class Retries:
 
 
 class Renewal(Periodic):
-    """Every third of a lease: renew the lease of every unit held here, then beat the
-    heartbeat.
+    """The heartbeat every ``heartbeat`` seconds (``HEARTBEAT_INTERVAL``, at most a third of
+    the lease; None: a third of the lease), and every third of a lease the renewal of every
+    unit held here.
 
     Held units are found by this supervisor's id (``units.renew``): running or waiting in
     a child, or claimed ahead, whatever the main loop is doing. The supervisor runs this
     duty in its renewer thread (``supervisor/renewer.py``), on a connection of its own,
-    never in the main loop's ``Duties``: no claim, sweep or prune can hold it up."""
+    never in the main loop's ``Duties``: no claim, sweep or prune can hold it up.
+
+    Each run does one part, the beat first when both are due, and the renewer runs the
+    duty while it is due, each run a transaction of its own: a renewal that waits in vain
+    for a lock (or fails) takes no beat back with it, and is tried again without beating
+    again. ``every`` is the beat's timer (the renewer's shortest wait), ``renewing`` the
+    renewal's."""
 
     name = "renewal"
 
     def __init__(self, claimant: Claimant, lease: float, beat: Callable[[], None], *,
-                 tasks: bool) -> None:
-        super().__init__(lease / 3)
+                 tasks: bool, heartbeat: float | None = None) -> None:
+        super().__init__(lease / 3 if heartbeat is None else min(heartbeat, lease / 3))
+        self.renewing = Every(lease / 3)
         self.claimant = claimant
         self.lease = lease
         self.beat = beat
         self.tasks = tasks
 
-    def work(self, now: float) -> None:
-        units.renew(self.claimant, self.lease, tasks=self.tasks)
-        self.beat()
+    def due(self, now: float) -> bool:
+        return self.every.due(now) or self.renewing.due(now)
+
+    def left(self, now: float) -> float:
+        return min(self.every.left(now), self.renewing.left(now))
+
+    def run(self, now: float) -> None:
+        timer = self.every if self.every.due(now) else self.renewing
+        timer.ran(now)
+        try:
+            if timer is self.every:
+                self.beat()
+            else:
+                units.renew(self.claimant, self.lease, tasks=self.tasks)
+        except DatabaseError:
+            timer.again()
+            raise
+
+
+class Witness(Protocol):
+    """The reaper's own supervisor's heartbeat (``supervisor/heartbeat.py``)."""
+
+    #: Seconds between two beats.
+    interval: float
+    #: Whether silence tells death on this database (not SQLite: ``heartbeat.takes_over``).
+    takes_over: bool
+
+    def beating_for(self) -> float:
+        """Seconds its beats have gone through without a break (0: not beating now)."""
+        ...
 
 
 class Reaping(Periodic):
-    """Every third of a lease, at most 5 s: release units whose lease expired (their
-    supervisor died or lost the database), counting a crash.
+    """Every third of a lease, at most 5 s (and at most a heartbeat interval, given the
+    ``witness``): take back the units of supervisors that stopped beating (``takeover``),
+    then release units whose lease expired (their supervisor died or lost the database),
+    counting a crash.
+
+    The first is the fast path: a supervisor silent past its bound (three heartbeat
+    intervals) is dead, and its units come back at once, fenced by their tokens, without
+    waiting for their leases; only with a ``witness`` that has been beating longer than
+    that bound itself (not after an outage that silenced everyone), and only where silence
+    tells death (not SQLite). The lease stays the last resort.
 
     Never those of its own supervisor (``spare``): it knows where they are, and releases
     them itself when their child exits. On SQLite a renewal waits while another connection
@@ -82,14 +128,20 @@ class Reaping(Periodic):
 
     def __init__(self, lease: float, max_crashes: int, *, tasks: bool,
                  spare: Claimant | None = None,
-                 held: Callable[[], list[Unit]] | None = None) -> None:
-        super().__init__(min(lease / 3, 5.0))
+                 held: Callable[[], list[Unit]] | None = None,
+                 witness: Witness | None = None) -> None:
+        every = min(lease / 3, 5.0)
+        super().__init__(every if witness is None else min(every, witness.interval))
+        self.lease = lease
         self.max_crashes = max_crashes
         self.tasks = tasks
         self.spare = spare
         self.held = held
+        self.witness = witness
 
     def work(self, now: float) -> None:
+        if self.spare is not None and self.witness is not None:
+            self.take_over(self.spare, self.witness)
         reaped = units.reap(self.max_crashes, tasks=self.tasks, spare=self.spare)
         if reaped:
             log_event(logging.WARNING, "reaped", units=reaped, reason="lease expired")
@@ -98,3 +150,16 @@ class Reaping(Periodic):
             if lost:
                 log_event(logging.WARNING, "released_untracked", units=lost,
                           reason="held in the database by this supervisor, not in memory")
+
+    def take_over(self, spare: Claimant, witness: Witness) -> None:
+        """Take back the units of the supervisors that are dead (silent past their bound
+        while ``witness`` beat) or marked themselves stopped (``takeover``)."""
+        beating = witness.beating_for()  # before the statement: never more than it was
+        for g in takeover.gone(spare.supervisor_id, 2 * self.lease, dead=witness.takes_over):
+            if not g.stopped and beating <= g.bound:
+                continue  # not seen long enough that the database took writes
+            taken = takeover.take_back(g, self.max_crashes, tasks=self.tasks)
+            if taken:
+                log_event(logging.WARNING, "reaped", units=taken,
+                          reason="supervisor stopped" if g.stopped else "supervisor dead",
+                          supervisor=str(g), silent_for=round(g.silent_for, 1))
