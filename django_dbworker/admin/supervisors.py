@@ -50,9 +50,14 @@ class SupervisorAdmin(QueueTableAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # no actions either
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # Each row with the database's clock, which its state is judged by, as the
+        # takeover of a dead supervisor's units is (``Supervisor.state``).
+        return cast(SupervisorQuerySet, super().get_queryset(request)).judged()
+
     @admin.display(description="state")
     def state(self, obj: Supervisor) -> SafeString:
-        state = obj.state(timezone.now())
+        state = obj.state()
         return display.badge({"alive": "RUNNING", "dead": "FAILED"}.get(state, "stopped"),
                              state)
 
@@ -62,7 +67,8 @@ class SupervisorAdmin(QueueTableAdmin):
 
     @admin.display(description="last heartbeat", ordering="last_heartbeat")
     def heartbeat(self, obj: Supervisor) -> str:
-        ago = (timezone.now() - obj.last_heartbeat).total_seconds()
+        now = getattr(obj, "database_now", None) or timezone.now()
+        ago = (now - obj.last_heartbeat).total_seconds()
         return f"{display.seconds(max(ago, 0.0))} ago"
 
     @admin.display(description="runs")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Exists, OuterRef, Q
-from django.utils import timezone
 
 from .. import conf
 from ..insight import names, snapshot
@@ -35,9 +34,11 @@ def check_names(worker_names: list[str] | None, queue_names: list[str] | None) -
         raise OperationError("; ".join(problems).capitalize() + ".")
 
 
-def supervisor(s: Supervisor, now: Any) -> dict[str, Any]:
+def supervisor(s: Supervisor) -> dict[str, Any]:
+    """One supervisor as JSON; its state by the database's clock where it was read with it
+    (``judged()``)."""
     return {
-        "id": str(s.pk), "host": s.host, "pid": s.pid, "state": s.state(now),
+        "id": str(s.pk), "host": s.host, "pid": s.pid, "state": s.state(),
         "started_at": s.started_at, "last_heartbeat": s.last_heartbeat,
         "stopped_at": s.stopped_at, "exit_code": s.exit_code, "concurrency": s.concurrency,
         "workers": s.workers, "queues": s.queues, "burst": s.burst,
@@ -51,10 +52,9 @@ def inspect(ids: list[str]) -> dict[str, Any]:
         executions, tasks = units.find(ids)
         return {"units": [units.execution(e) for e in executions]
                 + [units.task(t) for t in tasks]}
-    now = timezone.now()
-    rows = Supervisor.objects.using(_using()).recent()
+    rows = Supervisor.objects.using(_using()).recent().judged()
     return {
-        "supervisors": [supervisor(s, now) for s in rows if s.state(now) != "stopped"],
+        "supervisors": [supervisor(s) for s in rows if s.state() != "stopped"],
         "workers": [
             {"name": w.name, "source": w.source._meta.label, "concurrency": w.concurrency,
              "transactional": w.transactional}
@@ -104,12 +104,11 @@ def supervisors(*, dead: bool) -> dict[str, Any]:
     """The supervisors of the last day and what they run; ``dead``: only those that
     stopped beating without stopping, and what became of their units."""
     using = _using()
-    now = timezone.now()
-    rows = (Supervisor.objects.using(using).dead(now) if dead
+    rows = (Supervisor.objects.using(using).dead() if dead
             else Supervisor.objects.using(using).recent().order_by("-started_at"))
     found = []
-    for s in rows:
-        doc = supervisor(s, now)
+    for s in rows.judged():
+        doc = supervisor(s)
         if dead:
             for unit in doc["running"]:
                 unit["status_now"] = _status_now(unit, using)

@@ -94,7 +94,7 @@ def take(worker_names: list[str] | None = None, queue_names: list[str] | None = 
         groups = [g for g in groups
                   if g.get("worker") in wanted_workers or g.get("queue") in wanted_queues]
     return Snapshot(at=now, workers=workers, queues=queues, failures=groups,
-                    supervisors=supervisor_counts(now))
+                    supervisors=supervisor_counts())
 
 
 def pauses_since() -> dict[str, datetime]:
@@ -103,10 +103,12 @@ def pauses_since() -> dict[str, datetime]:
     return {f"{kind}:{name}": at for kind, name, at in rows}
 
 
-def supervisor_counts(now: datetime) -> dict[str, int]:
+def supervisor_counts() -> dict[str, int]:
+    """Alive and dead by the database's clock, as a dead supervisor's units are taken back
+    (``supervisor/takeover.py``)."""
     rows = Supervisor.objects.using(conf.get().DATABASE).recent()
     return {
-        "alive": rows.alive(now).count(),
-        "dead": rows.dead(now).count(),
+        "alive": rows.alive().count(),
+        "dead": rows.dead().count(),
         "stopped": rows.stopped().count(),
     }
