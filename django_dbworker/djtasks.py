@@ -187,7 +187,7 @@ def task_class(alias: str, options: dict[str, Any]) -> Any:
     ``DBWorkerTask`` if that is Django's plain ``Task`` and ``options`` are given."""
     cls = task_backends[alias].task_class
     if options and cls is Task:
-        from .backend import DBWorkerTask  # imported late: backend imports this module
+        from .tasks.task import DBWorkerTask  # imported late: tasks.task imports this module
 
         return DBWorkerTask
     return cls

@@ -407,10 +407,10 @@ def _database_away(exc: Exception, raw: Any = None) -> bool:
 def enqueue_tick(schedule: Schedule, tick: datetime) -> int:
     """Enqueue one tick once; 1 if this call created it, 0 if it existed already. Raises
     UnknownTask when the schedule's task is not a registered DBWorkerBackend task."""
-    from .backend import DBWorkerTask
     from .exceptions import UnknownTask
     from .tasks import registry as task_registry
     from .tasks import store as taskstore
+    from .tasks.task import DBWorkerTask
 
     task = task_registry.resolve(schedule.task_path)
     if not isinstance(task, DBWorkerTask):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..exceptions import UnknownTask
 
 if TYPE_CHECKING:
-    from ..backend import DBWorkerTask
+    from .task import DBWorkerTask
 
 _tasks: dict[str, DBWorkerTask] = {}
 

@@ -14,7 +14,6 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .. import conf, progress
-from ..backend import DBWorkerTask
 from ..db import engine, errors
 from ..db.connections import connected
 from ..djtasks import (
@@ -37,6 +36,7 @@ from . import store as taskstore
 from .completions import Kept
 from .results import to_result
 from .store import TaskClaim
+from .task import DBWorkerTask
 
 logger = logging.getLogger("django_dbworker")
 

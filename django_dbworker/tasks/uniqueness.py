@@ -37,8 +37,9 @@ from . import enqueue as newtasks
 from . import registry as task_registry
 
 if TYPE_CHECKING:
-    from ..backend import DBWorkerBackend, DBWorkerTask
+    from ..backend import DBWorkerBackend
     from .results import DBWorkerTaskResult
+    from .task import DBWorkerTask
 
 #: ``unique_while`` values and the statuses in which a holder keeps its key.
 HOLDING: dict[str, tuple[str, ...]] = {

@@ -21,9 +21,9 @@ from django.db import transaction
 
 from .. import conf
 from ..exceptions import InvalidWorkflow
+from ..tasks.task import DBWorkerTask
 
 if TYPE_CHECKING:
-    from ..backend import DBWorkerTask
     from ..tasks.results import DBWorkerTaskResult
     from .handle import WorkflowHandle
 
@@ -92,8 +92,6 @@ class Step(Shape):
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from ..backend import DBWorkerTask
-
         if not isinstance(self.task, DBWorkerTask):
             raise InvalidWorkflow(
                 f"{self.task!r} is not a task of a DBWorkerBackend; a workflow's steps are "
@@ -176,8 +174,6 @@ def _check_name(name: Any) -> None:
 
 
 def _callback_step(on_complete: Any) -> Step | None:
-    from ..backend import DBWorkerTask
-
     if on_complete is None or isinstance(on_complete, Step):
         return on_complete
     if isinstance(on_complete, DBWorkerTask):

@@ -43,8 +43,9 @@ from ..models import (
 )
 
 if TYPE_CHECKING:
-    from ..backend import DBWorkerBackend, DBWorkerTask
+    from ..backend import DBWorkerBackend
     from ..tasks.results import DBWorkerTaskResult
+    from ..tasks.task import DBWorkerTask
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +90,12 @@ def edges_of(where: str, after: Iterable[Any]) -> list[Edge]:
 
 
 def _edge(where: str, position: int, item: Any) -> Edge:
-    from ..backend import DBWorkerBackend
-
     if isinstance(item, TaskResult):
         try:
             backend = task_backends[item.backend]
         except Exception:  # an alias TASKS does not have (InvalidTaskBackend)
             backend = None
-        if not isinstance(backend, DBWorkerBackend):
+        if not getattr(backend, "stores_dbworker_tasks", False):
             raise InvalidDependency(
                 f"{where}: after[{position}] is a result of task backend {item.backend!r}, "
                 "which is not a DBWorkerBackend; a task can only wait for tasks stored in "
