@@ -194,7 +194,7 @@ class DBWorkerBackend(BaseTaskBackend):
         self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
     ) -> list[DBWorkerTaskResult]:
         """``enqueue_many`` without the immediate mode's run: what stores the calls."""
-        from .tasks import enqueue as newtasks
+        from .tasks import newtasks
         from .tasks import store as taskstore
         from .tasks.results import new_results
 
@@ -269,8 +269,7 @@ class DBWorkerBackend(BaseTaskBackend):
         """``enqueue_many`` of a task with a concurrency limit: each row with its
         concurrency key, stored in call order (a statement per batch: the key is a per-row
         value of the insert), the keys' slots made first (``tasks.concurrency``)."""
-        from .tasks import concurrency
-        from .tasks import enqueue as newtasks
+        from .tasks import concurrency, newtasks
         from .tasks import store as taskstore
         from .tasks.results import new_results
 
@@ -425,7 +424,7 @@ def _sync_receivers(signal: Any, sender: type,
 
 def _plain_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str, Any]]:
     """The call's arguments JSON-ready (``normalize_json``), or an error naming the call."""
-    from .tasks.enqueue import plain
+    from .tasks.newtasks import plain
 
     try:
         args, kwargs = call
@@ -442,9 +441,9 @@ def _plain_call(task: Task, index: int, call: Any) -> tuple[list[Any], dict[str,
 
 def _rows(task: Task, shared: Any, ids: list[str], calls: list[Any],
           offset: int) -> list[Any]:
-    """``tasks.enqueue.build`` of the calls, or the error naming the first bad one (its index in
+    """``tasks.newtasks.build`` of the calls, or the error naming the first bad one (its index in
     the whole enqueue call: ``calls`` start at ``offset``)."""
-    from .tasks import enqueue as newtasks
+    from .tasks import newtasks
 
     try:
         return newtasks.build(shared, ids, calls)
@@ -455,9 +454,9 @@ def _rows(task: Task, shared: Any, ids: list[str], calls: list[Any],
 
 
 def _encode(task: Task, rows: list[Any], offset: int) -> str:
-    """The rows as one JSON text (``tasks.enqueue.encode``), or the error naming the bad call
+    """The rows as one JSON text (``tasks.newtasks.encode``), or the error naming the bad call
     (``rows`` are the calls from ``offset`` on)."""
-    from .tasks import enqueue as newtasks
+    from .tasks import newtasks
 
     try:
         payload = newtasks.encode(rows)

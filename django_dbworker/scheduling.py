@@ -148,7 +148,7 @@ def cron_syntax_problem(expression: Any) -> str | None:
 def _check_arguments(where: str, args: Any, kwargs: Any) -> None:
     """A schedule's args and kwargs must be what ``enqueue()`` would store."""
     from . import conf
-    from .tasks.enqueue import has_nul, plain
+    from .tasks.newtasks import has_nul, plain
 
     if not isinstance(args, list | tuple):
         raise ImproperlyConfigured(f"{where}: args={args!r} must be a list.")

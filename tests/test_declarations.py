@@ -29,7 +29,7 @@ from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.registry import Worker
 from django_dbworker.scheduling import Schedule, Scheduler, schedules
 from django_dbworker.supervisor.duties.tasks import retention_cutoff
-from django_dbworker.tasks import enqueue as newtasks
+from django_dbworker.tasks import newtasks
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Document, Item, Tag

@@ -16,7 +16,7 @@ from django_dbworker.backend import DBWorkerBackend, send_enqueued
 from django_dbworker.djtasks import task_enqueued
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import TaskRecord
-from django_dbworker.tasks import enqueue as newtasks
+from django_dbworker.tasks import newtasks
 from django_dbworker.tasks.results import new_results
 from tests.conftest import sent_to_postgres
 from tests.testapp import tasks
@@ -179,7 +179,7 @@ def test_new_ids_of_any_count() -> None:
 
 
 def test_plain_copies_flat_containers() -> None:
-    from django_dbworker.tasks.enqueue import plain
+    from django_dbworker.tasks.newtasks import plain
 
     for value, expected in (((1, "a", None, True, 1.5), [1, "a", None, True, 1.5]),
                             ([], []), ((), []), ({"a": 1, "b": None}, {"a": 1, "b": None}),

@@ -210,7 +210,7 @@ def test_enqueue_many_stores_what_enqueue_stores():
 
 
 def test_enqueue_many_of_thousands_in_a_statement_per_batch(django_assert_max_num_queries):
-    from django_dbworker.tasks import enqueue as newtasks
+    from django_dbworker.tasks import newtasks
 
     batches = 3
     count = newtasks.BATCH * (batches - 1) + 1
@@ -266,7 +266,7 @@ def test_plain_normalises_like_django():
     from collections import OrderedDict, UserList
 
     from django_dbworker.djtasks import normalize_json
-    from django_dbworker.tasks.enqueue import plain
+    from django_dbworker.tasks.newtasks import plain
 
     values = [
         1, 1.5, True, None, "x", (1, (2, 3)), [1, [2, {"a": (3,)}]], {"k": [1, 2]},
@@ -284,7 +284,7 @@ def test_plain_normalises_like_django():
 
 
 def test_new_ids_are_distinct_version_4_uuids():
-    from django_dbworker.tasks import enqueue as newtasks
+    from django_dbworker.tasks import newtasks
 
     shared = newtasks.Shared.of(tasks.add)
     ids = newtasks.ids(shared, 5000)

@@ -148,7 +148,7 @@ def test_period_start_is_aligned_on_the_epoch():
 
 def at(when):
     """Enqueue as if it were ``when`` (the enqueue's clock: Shared.of's timezone.now)."""
-    return mock.patch("django_dbworker.tasks.enqueue.timezone.now", return_value=when)
+    return mock.patch("django_dbworker.tasks.newtasks.timezone.now", return_value=when)
 
 
 def test_one_per_key_per_period_whatever_its_status(enqueued):

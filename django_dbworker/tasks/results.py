@@ -221,7 +221,7 @@ def _setter(name: str) -> Any:
 
 
 def new_results(rows: list[Any], alias: str, task: Task) -> list[DBWorkerTaskResult]:
-    """Results for the new rows of one enqueue call (``tasks.enqueue.NewTask``, arguments already
+    """Results for the new rows of one enqueue call (``tasks.newtasks.NewTask``, arguments already
     normalised): the first built by ``to_result``, the others copies of it with their own
     id, arguments and empty lists, as building each costs more than storing it."""
     first = to_result(rows[0], alias, task)

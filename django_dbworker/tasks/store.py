@@ -54,7 +54,7 @@ from ..models import (
 )
 from ..rows import keys
 from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
-from . import enqueue as newtasks
+from . import newtasks
 from .unit import TaskUnit
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def _prep(name: str, value: Any, using: str) -> Any:
 def insert(rows: list[newtasks.NewTask], *, idempotency_key: str | None,
            payload: str | None = None) -> list[newtasks.NewTask | TaskRecord]:
     """Store new task rows in one statement; with a key, return the row holding it.
-    ``payload``: ``tasks.enqueue.encode(rows)`` if the caller has it."""
+    ``payload``: ``tasks.newtasks.encode(rows)`` if the caller has it."""
     if idempotency_key is None:
         insert_batches([(rows, payload)])
         return list(rows)
@@ -144,7 +144,7 @@ def insert(rows: list[newtasks.NewTask], *, idempotency_key: str | None,
 
 def insert_batches(batches: Iterable[tuple[list[newtasks.NewTask], str | None]]) -> None:
     """Store new task rows without an idempotency key, a statement per batch of
-    ``(rows, payload)`` (``tasks.enqueue.encode(rows)``, or None: made here if needed), all in
+    ``(rows, payload)`` (``tasks.newtasks.encode(rows)``, or None: made here if needed), all in
     one transaction.
 
     On PostgreSQL the statements are pipelined (``Engine.pipelined``): each batch is sent as

@@ -33,7 +33,7 @@ from .. import conf
 from ..db import engine, notify
 from ..djtasks import InvalidTask
 from ..models import TaskRecord, TaskStatus, TaskUniqueness
-from . import enqueue as newtasks
+from . import newtasks
 from . import registry as task_registry
 
 if TYPE_CHECKING:

@@ -67,7 +67,7 @@ def members(row: Workflow) -> QuerySet[TaskRecord]:
 def in_order(tasks: list[TaskRecord]) -> list[TaskRecord]:
     """``tasks`` in enqueue order, the members of one enqueue call in call order: the ids
     of a workflow's calls are made in ascending order of their text
-    (``tasks.enqueue.ids``), which is the database's order of UUIDs on PostgreSQL and
+    (``tasks.newtasks.ids``), which is the database's order of UUIDs on PostgreSQL and
     SQLite, but not on MariaDB (its UUID type compares the groups in another order)."""
     return sorted(tasks, key=lambda t: (t.enqueued_at, str(t.pk)))
 
