@@ -26,9 +26,10 @@ class Config:
     #: Seconds between two heartbeats of a supervisor (at most a third of LEASE_SECONDS).
     #: One that misses three in a row (6 s by default, by the database's clock) is dead, and
     #: another supervisor takes its units back at once instead of waiting for their leases
-    #: (PostgreSQL, MariaDB, MySQL; on SQLite the lease stays the bound). Raise it to make
-    #: a busy database or a slow network less likely to make a live one look dead; a
-    #: third of LEASE_SECONDS leaves the takeover to the lease. See docs/operations.md.
+    #: (PostgreSQL, MariaDB, MySQL; on SQLite the lease stays the bound and the heartbeat
+    #: comes every third of it). Raise it to make a busy database or a slow network less
+    #: likely to make a live one look dead; a third of LEASE_SECONDS leaves the takeover to
+    #: the lease. See docs/operations.md.
     HEARTBEAT_INTERVAL: float = 2.0
     #: Seconds between claim attempts when there was nothing to claim (and no wake-up).
     POLL_INTERVAL: float = 1.0

@@ -14,7 +14,8 @@ judged by, so a host whose clock is off neither looks dead nor keeps a dead one 
 On SQLite silence is not death: a connection's write transaction (a claim, a
 transactional handler) holds up every other connection's heartbeat, for as long as it
 lasts. There the bound is the lease (``takes_over`` False) and the lease reaper takes the
-units back, as before.
+units back, as before, and the heartbeat keeps the renewal's pace (every third of the
+lease): each beat takes the one write lock.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ class Heartbeat:
                  workers: list[str], queues: list[str] | None, tasks: bool,
                  burst: bool, interval: float | None = None) -> None:
         self.claimant = claimant
-        #: Seconds between two beats: ``HEARTBEAT_INTERVAL``, at most a third of the lease
-        #: (None: a third of the lease).
-        self.interval = lease / 3 if interval is None else min(interval, lease / 3)
         self.takes_over = takes_over(conf.get().DATABASE)
+        #: Seconds between two beats: ``HEARTBEAT_INTERVAL``, at most a third of the lease.
+        #: A third of the lease where silence does not tell death (SQLite: each beat takes
+        #: the one write lock, and nothing but the admin reads it sooner) or when None.
+        self.interval = (lease / 3 if interval is None or not self.takes_over
+                         else min(interval, lease / 3))
         #: Silent this long, a supervisor is dead: ``MISSED_BEATS`` intervals; the lease
         #: where silence does not tell death (``takes_over`` False: SQLite).
         self.bound = timedelta(seconds=(MISSED_BEATS * self.interval if self.takes_over
