@@ -37,7 +37,7 @@ from . import newtasks
 from . import registry as task_registry
 
 if TYPE_CHECKING:
-    from ..backend import DBWorkerBackend
+    from .enqueue import Backend
     from .results import DBWorkerTaskResult
     from .task import DBWorkerTask
 
@@ -165,21 +165,19 @@ def keys_of(task: DBWorkerTask, calls: Sequence[tuple[Sequence[Any], dict[str, A
     return out
 
 
-def enqueue(backend: DBWorkerBackend, task: DBWorkerTask,
+def enqueue(backend: Backend, task: DBWorkerTask,
             calls: list[tuple[Sequence[Any], dict[str, Any]]]) -> list[DBWorkerTaskResult]:
     """``enqueue_many`` of a task with a unique key; results in order, each naming the task
     that holds its call's key (a call whose key is held by the same batch's earlier call
     gets that call's task)."""
-    from ..backend import _encode, _rows, send_enqueued
-
     on_commit = task.enqueue_on_commit
     if on_commit is True or (on_commit is None and backend.enqueue_on_commit):
         raise on_commit_error(f"Task {task.name!r} (backend {backend.alias!r})")
     if not calls:
         return []
     shared = newtasks.Shared.of(task)
-    rows = _rows(task, shared, newtasks.ids(shared, len(calls)), calls, 0)
-    _encode(task, rows, 0)  # refuses what is not JSON, too large, or holds NUL
+    rows = newtasks.rows_of(task, shared, newtasks.ids(shared, len(calls)), calls, 0)
+    newtasks.encoded(task, rows, 0)  # refuses what is not JSON, too large, or holds NUL
     keys = keys_of(task, calls)
     start = None
     if task.unique_for is not None:
@@ -202,7 +200,7 @@ def enqueue(backend: DBWorkerBackend, task: DBWorkerTask,
                 sorted({c for c in slots if c is not None}))
     stored = _retried(plan.store)
     results = [backend.result(row, task) for row, _ in stored]
-    send_enqueued(type(backend), [r for r, (_, new) in zip(results, stored, strict=True)
+    newtasks.send_enqueued(type(backend), [r for r, (_, new) in zip(results, stored, strict=True)
                                   if new])
     return results
 

@@ -43,7 +43,7 @@ from ..models import (
 )
 
 if TYPE_CHECKING:
-    from ..backend import DBWorkerBackend
+    from ..tasks.enqueue import Backend
     from ..tasks.results import DBWorkerTaskResult
     from ..tasks.task import DBWorkerTask
 
@@ -134,7 +134,7 @@ def on_commit_error(where: str) -> InvalidDependency:
         "transaction.on_commit(...).")
 
 
-def enqueue(backend: DBWorkerBackend, task: DBWorkerTask,
+def enqueue(backend: Backend, task: DBWorkerTask,
             calls: list[tuple[Sequence[Any], dict[str, Any]]]) -> list[DBWorkerTaskResult]:
     """``enqueue_many`` of a task with dependencies: every call waits for all of
     ``task.after``; results in call order (a call whose idempotency or uniqueness key is
