@@ -14,6 +14,7 @@ from django.db.models.query import QuerySet
 
 from .exceptions import InvalidWorker, UnknownWorker
 from .tasks import retry
+from .tasks.options import MAX_LIMIT
 
 if TYPE_CHECKING:
     from .outcomes import Outcome
@@ -211,9 +212,7 @@ def worker(
     def decorate(handler: Handler) -> Worker:
         worker_name = handler.__name__ if name is None else name
         _validate(worker_name, handler, source, eligible, concurrency, transactional)
-        from .rows.concurrency import check_declaration
-
-        check_declaration(f"@worker {worker_name!r} ({_where(handler)})", source,
+        _check_concurrency(f"@worker {worker_name!r} ({_where(handler)})", source,
                           concurrency_limit, concurrency_key)
         policy = SimpleNamespace(
             retries=retries, retry_delay=retry_delay, retry_backoff=retry_backoff,
@@ -299,6 +298,36 @@ def _validate(
 
 #: The longest primary key text an execution stores (``Execution.source_id``'s max_length).
 MAX_KEY_LENGTH = 255
+
+
+def _check_concurrency(where: str, source: type[models.Model], limit: Any,
+                       key: Any) -> None:
+    """``InvalidWorker`` naming the value and the fix, for a bad ``concurrency_limit`` or
+    ``concurrency_key`` of ``@worker``."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or not 1 <= limit <= MAX_LIMIT):
+        raise InvalidWorker(
+            f"{where}: concurrency_limit={limit!r} must be a whole number from 1 to "
+            f"{MAX_LIMIT:,} (how many units with one key may work at once on all "
+            "supervisors together).")
+    if key is None:
+        return
+    if limit is None:
+        raise InvalidWorker(
+            f"{where}: concurrency_key={key!r} was given without concurrency_limit; give "
+            "both, e.g. @worker(..., concurrency_limit=1, concurrency_key='account_id').")
+    field = None
+    if isinstance(key, str):
+        try:
+            field = source._meta.get_field(key)
+        except Exception:
+            field = None
+    if field is None or not getattr(field, "concrete", False) or field.many_to_many:
+        names = sorted(f.name for f in source._meta.concrete_fields)
+        raise InvalidWorker(
+            f"{where}: concurrency_key={key!r} must name a field of "
+            f"{source._meta.label} (one of {', '.join(names)}): the key of a unit is that "
+            "field's value in its source row.")
 
 
 def key_too_long(source: type[models.Model]) -> str | None:

@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "db": 2, "models": 2, "space": 2,
     # 3. what both kinds of unit share (``units/`` to come: the kernel lives in rows/store)
     # 4. declarations: no database
-    "registry": 4, "tasks.registry": 4, "tasks.task": 4, "tasks.rates": 4,
+    "registry": 4, "tasks.registry": 4, "tasks.task": 4, "tasks.options": 4, "tasks.rates": 4,
     "tasks.retry": 4, "rows.keys": 4,
     # 5. stores: each owns one table's guarded UPDATEs
     "rows": 5, "tasks": 5, "workflows.rows": 5, "workflows.release": 5,
@@ -61,10 +61,6 @@ DEBT: dict[tuple[str, str], str] = {
     ("db.sources", "rows.keys"): "a source row's key conversion lives with rows",
     ("pausing", "insight.names"): "pause() checks names with the read-only views' lists",
     ("supervisor.taskwork", "insight.names"): "as pausing",
-    ("registry", "rows.concurrency"): "@worker's concurrency options are checked by the "
-                                      "store's claim planner",
-    ("tasks.task", "tasks.concurrency"): "option checks live with the flow-control stores",
-    ("tasks.task", "tasks.uniqueness"): "as tasks.concurrency",
     ("tasks.task", "workflows.dependencies"): "after= is checked by the dependencies' store",
     ("rows.store", "rows.unit"): "class Claim(RowUnit): the unit is a mixin below its store",
     ("tasks.store", "tasks.unit"): "class TaskClaim(TaskUnit): as rows.store",
@@ -86,8 +82,7 @@ KNOTS: list[frozenset[str]] = [
     # call each other; tasks/store resolves workflows (workflows.release), which calls the
     # task store; the unit classes are mixins below the stores and runners they call.
     frozenset({
-        "registry", "rows.chain", "rows.concurrency", "rows.pending", "rows.queries",
-        "rows.runner", "rows.store", "rows.unit", "supervisor.aio", "tasks.completions",
+        "rows.concurrency", "rows.runner", "rows.store", "rows.unit", "tasks.completions",
         "tasks.concurrency", "tasks.forget", "tasks.results", "tasks.runner", "tasks.snooze",
         "tasks.store", "tasks.task", "tasks.uniqueness", "tasks.unit",
         "workflows.dependencies", "workflows.release",

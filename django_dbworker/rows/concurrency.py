@@ -22,13 +22,12 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from ..db import engine_for
-from ..exceptions import InvalidWorker
 from ..models import Execution
-from ..tasks.concurrency import MAX_LIMIT, lock_slots
+from ..tasks.concurrency import lock_slots
 from . import keys
 
 if TYPE_CHECKING:
@@ -40,35 +39,6 @@ PAGES = 4
 GROWTH = 4
 FIRST_PAGE = 32
 MAX_PAGE = 1000
-
-
-def check_declaration(where: str, source: type[models.Model], limit: Any, key: Any) -> None:
-    """``InvalidWorker`` naming the value and the fix, for a bad ``concurrency_limit`` or
-    ``concurrency_key`` of ``@worker``."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                              or not 1 <= limit <= MAX_LIMIT):
-        raise InvalidWorker(
-            f"{where}: concurrency_limit={limit!r} must be a whole number from 1 to "
-            f"{MAX_LIMIT:,} (how many units with one key may work at once on all "
-            "supervisors together).")
-    if key is None:
-        return
-    if limit is None:
-        raise InvalidWorker(
-            f"{where}: concurrency_key={key!r} was given without concurrency_limit; give "
-            "both, e.g. @worker(..., concurrency_limit=1, concurrency_key='account_id').")
-    field = None
-    if isinstance(key, str):
-        try:
-            field = source._meta.get_field(key)
-        except Exception:
-            field = None
-    if field is None or not getattr(field, "concrete", False) or field.many_to_many:
-        names = sorted(f.name for f in source._meta.concrete_fields)
-        raise InvalidWorker(
-            f"{where}: concurrency_key={key!r} must name a field of "
-            f"{source._meta.label} (one of {', '.join(names)}): the key of a unit is that "
-            "field's value in its source row.")
 
 
 def slot_key(worker: Worker, value: Any) -> str:

@@ -41,19 +41,15 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import compiled, engine
-from ..djtasks import InvalidTask
 from ..exceptions import InvalidTaskArguments
 from ..models import ANY_QUEUE_GUARD, ConcurrencySlot, TaskRecord
 from ..rows.store import Claimant
 from . import registry
+from .options import MAX_KEY_LENGTH, bad_key
 
 if TYPE_CHECKING:
     from .store import TaskClaim
 
-#: A limit is at most this (``TaskRecord.concurrency_limit`` is a database integer).
-MAX_LIMIT = 1_000_000
-#: ``ConcurrencySlot.key``'s max_length.
-MAX_KEY_LENGTH = 255
 #: Reads of candidates one keyed claim makes at most (the first, and the next ones past
 #: keys found full).
 PAGES = 4
@@ -69,39 +65,6 @@ _MAX_COMPILED = 512
 
 
 # ----- declaration and enqueue ------------------------------------------------------------
-
-
-def check_declaration(where: str, limit: Any, key: Any) -> None:
-    """``InvalidTask`` naming the value and the fix, for a bad ``concurrency_limit`` or
-    ``concurrency_key`` (declared with ``@task`` or given to ``.using()``)."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                              or not 1 <= limit <= MAX_LIMIT):
-        raise InvalidTask(
-            f"{where}: concurrency_limit={limit!r} must be a whole number from 1 to "
-            f"{MAX_LIMIT:,} (how many tasks with one concurrency key may run at once); to "
-            "stop these tasks for a while, pause their queue instead.")
-    if key is None:
-        return
-    if limit is None:
-        raise InvalidTask(
-            f"{where}: concurrency_key={key!r} was given without concurrency_limit; give "
-            "both, e.g. @task(concurrency_limit=2, concurrency_key=...).")
-    if not callable(key):
-        check_key(where, key, "concurrency_key")
-
-
-def _bad_key(key: Any) -> bool:
-    """Not a non-empty string of at most ``MAX_KEY_LENGTH`` characters without NUL (which
-    PostgreSQL cannot store)."""
-    return not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH or "\x00" in key
-
-
-def check_key(where: str, key: Any, what: str) -> None:
-    if _bad_key(key):
-        raise InvalidTask(
-            f"{where}: {what}={key!r} must be a non-empty string of at most "
-            f"{MAX_KEY_LENGTH} characters without NUL (or, in @task, a function of the "
-            "call's arguments returning one), e.g. f'account-{account_id}'.")
 
 
 def keys_of(task: Any, calls: Sequence[tuple[Any, Any]]) -> list[str]:
@@ -124,7 +87,7 @@ def keys_of(task: Any, calls: Sequence[tuple[Any, Any]]) -> list[str]:
                 f"{type(exc).__name__}: {exc} for call {index} (args={args!r}, "
                 f"kwargs={kwargs!r}); make it accept every call of the task. Nothing was "
                 "enqueued.") from exc
-        if _bad_key(value):
+        if bad_key(value):
             raise InvalidTaskArguments(
                 f"Task {task.name!r}: its concurrency_key function returned {value!r} for "
                 f"call {index}; it must return a non-empty string of at most "

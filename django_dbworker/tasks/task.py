@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..djtasks import InvalidTask, Task, TaskResult
 from . import registry as task_registry
 from . import retry
+from .options import check_concurrency, validate_uniqueness
 from .rates import parse_rate
 
 if TYPE_CHECKING:
@@ -214,14 +215,10 @@ def validate_options(where: str, task: DBWorkerTask) -> None:
                           "most 255 characters.")
     # ----- uniqueness (flow control) -----
     if unique_wanted(task):
-        from . import uniqueness
-
-        uniqueness.validate(where, task)
+        validate_uniqueness(where, task)
 
     # ----- concurrency (flow control) -----
-    from .concurrency import check_declaration
-
-    check_declaration(where, task.concurrency_limit, task.concurrency_key)
+    check_concurrency(where, task.concurrency_limit, task.concurrency_key)
 
     # ----- workflows -----
     if not isinstance(task.run_on_failure, bool):

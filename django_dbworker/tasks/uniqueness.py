@@ -20,7 +20,6 @@ Only keyed calls come here; the plain enqueue path does not change.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -35,6 +34,7 @@ from ..djtasks import InvalidTask
 from ..models import TaskRecord, TaskStatus, TaskUniqueness
 from . import newtasks
 from . import registry as task_registry
+from .options import check_unique_key, on_commit_error, period_seconds
 
 if TYPE_CHECKING:
     from .enqueue import Backend
@@ -48,9 +48,6 @@ HOLDING: dict[str, tuple[str, ...]] = {
 }
 #: The statuses in which ``on_duplicate="replace"`` changes the holder.
 REPLACEABLE = (TaskStatus.READY, TaskStatus.RETRYING)
-ON_DUPLICATE = ("keep", "replace")
-#: TaskRecord.unique_key's max_length.
-MAX_KEY_LENGTH = 255
 #: Times a keyed enqueue runs again after a deadlock or a lock wait timeout (MariaDB,
 #: MySQL; PostgreSQL's class 40), when it is its own transaction.
 TRIES = 5
@@ -58,66 +55,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # ----- declaration ----------------------------------------------------------------------
-
-
-def validate(where: str, task: DBWorkerTask) -> None:
-    """``InvalidTask`` naming the value and the fix, for ``@task(...)`` and ``.using()``
-    of a task with a uniqueness option set (``backend._unique``)."""
-    key = task.unique_key
-    if key is not None and not callable(key):
-        check_key(where, key)
-    if not isinstance(task.unique_while, str) or task.unique_while not in HOLDING:
-        raise InvalidTask(
-            f"{where}: unique_while={task.unique_while!r} must be 'active' (a READY, "
-            "RETRYING or RUNNING task holds the key) or 'waiting' (only a READY or RETRYING "
-            "one: a running task does not block a new enqueue).")
-    if not isinstance(task.on_duplicate, str) or task.on_duplicate not in ON_DUPLICATE:
-        raise InvalidTask(
-            f"{where}: on_duplicate={task.on_duplicate!r} must be 'keep' (return the task "
-            "holding the key as it is) or 'replace' (give it this call's arguments and "
-            "run_after while it waits).")
-    if task.unique_for is not None:
-        period_seconds(where, task.unique_for)
-        if task.unique_while != "active":
-            raise InvalidTask(
-                f"{where}: unique_while={task.unique_while!r} does not apply with "
-                f"unique_for={task.unique_for!r}: a period's key is held for the whole "
-                "period whatever the task's status. Remove one of the two.")
-    if task.enqueue_on_commit is True:
-        raise on_commit_error(where)
-
-
-def check_key(where: str, key: Any, *, source: str = "") -> str:
-    if (not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH
-            or "\x00" in key):
-        raise InvalidTask(
-            f"{where}: unique_key{source}={key!r} must be a non-empty string of at most "
-            f"{MAX_KEY_LENGTH} characters without NUL, or a function of the call's "
-            "arguments that returns one, e.g. unique_key=lambda user_id: f'user:{user_id}'.")
-    return key
-
-
-def period_seconds(where: str, value: Any) -> float:
-    """``unique_for`` in seconds, or ``InvalidTask``: a number or timedelta > 0, at most
-    ten years."""
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-            or not math.isfinite(seconds) or seconds <= 0):
-        raise InvalidTask(
-            f"{where}: unique_for={value!r} must be a duration: a number of seconds greater "
-            "than 0 or a timedelta, e.g. unique_for=timedelta(hours=1).")
-    if seconds > conf.MAX_DELAY:
-        raise InvalidTask(f"{where}: unique_for={value!r} is more than ten years; give a "
-                          "shorter period.")
-    return float(seconds)
-
-
-def on_commit_error(where: str) -> InvalidTask:
-    return InvalidTask(
-        f"{where}: unique_key cannot be used with enqueue_on_commit=True: which task holds "
-        "the key is only known when the enqueue runs, and the result must name it. Enqueue "
-        "in your transaction instead (.using(enqueue_on_commit=False)): the task and its key "
-        "commit with your rows, or not at all.")
 
 
 def period_start(at: datetime, seconds: float) -> datetime:
@@ -159,7 +96,7 @@ def keys_of(task: DBWorkerTask, calls: Sequence[tuple[Sequence[Any], dict[str, A
             exc.add_note(f"(computing unique_key of call {i} of task {task.name!r} with "
                          f"{getattr(key, '__qualname__', key)!r})")
             raise
-        out.append(check_key(where, value,
+        out.append(check_unique_key(where, value,
                              source=f" (returned by {getattr(key, '__qualname__', key)} "
                                     f"for call {i})"))
     return out
