@@ -35,13 +35,13 @@ from .outcomes import Finished, Outcome, Snooze, Unfinished
 
 if TYPE_CHECKING:
     from .djtasks import task
-    from .embedding import start
     from .models import ExecutionStatus
     from .pausing import pause, paused, resume
     from .progress import set_progress
     from .registry import worker, workers
+    from .rows.status import execution_status, has_execution_status
     from .scheduling import cron
-    from .status import execution_status, has_execution_status
+    from .supervisor.embedding import start
     from .tasks.store import cancel
     from .workflows.builder import chain, group
     from .workflows.results import dependency_results
@@ -55,7 +55,7 @@ _LAZY = {
     "cron": ("scheduling", "cron"),
     "dependency_results": ("workflows.results", "dependency_results"),
     "set_progress": ("progress", "set_progress"),
-    "start": ("embedding", "start"),
+    "start": ("supervisor.embedding", "start"),
     "task": ("djtasks", "task"),
     "pause": ("pausing", "pause"),
     "paused": ("pausing", "paused"),
@@ -63,8 +63,8 @@ _LAZY = {
     "ExecutionStatus": ("models", "ExecutionStatus"),
     "worker": ("registry", "worker"),
     "workers": ("registry", "workers"),
-    "execution_status": ("status", "execution_status"),
-    "has_execution_status": ("status", "has_execution_status"),
+    "execution_status": ("rows.status", "execution_status"),
+    "has_execution_status": ("rows.status", "has_execution_status"),
     "after_row": ("workflows.rows", "after_row"),
     "has_task_status": ("workflows.task_status", "has_task_status"),
 }

@@ -114,7 +114,7 @@ class Worker:
 
     def state(self, pk: Any) -> dict[str, Any]:
         """Everything known of this worker's execution on the row with primary key ``pk``."""
-        from .status import execution_state
+        from .rows.status import execution_state
 
         return execution_state(self, pk)
 

@@ -15,8 +15,8 @@ import pytest
 from django.db import connection
 
 import django_dbworker
-from django_dbworker.embedding import StartFailed
 from django_dbworker.models import Supervisor, TaskRecord, TaskStatus
+from django_dbworker.supervisor.embedding import StartFailed
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Effect

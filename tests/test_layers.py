@@ -23,21 +23,21 @@ LAYERS: dict[str, int] = {
     "exceptions": 1, "conf": 1, "logs": 1, "outcomes": 1, "signals": 1, "context": 1,
     "djtasks": 1,
     # 2. the database layer and the models
-    "db": 2, "models": 2, "space": 2,
+    "db": 2, "models": 2,
     # 3. what both kinds of unit share (``units/`` to come: the kernel lives in rows/store)
     # 4. declarations: no database
     "registry": 4, "tasks.registry": 4, "tasks.task": 4, "tasks.options": 4, "tasks.rates": 4,
     "tasks.retry": 4, "rows.keys": 4,
     # 5. stores: each owns one table's guarded UPDATEs
     "rows": 5, "tasks": 5, "workflows.rows": 5, "workflows.release": 5,
-    "workflows.dependencies": 5, "workflows.retention": 5, "status": 5, "progress": 5,
+    "workflows.dependencies": 5, "workflows.retention": 5, "progress": 5,
     "pausing": 5,
     # 6. runtimes: claim planners, runners, the unit classes, completions, immediate mode
     "rows.runner": 6, "rows.unit": 6, "rows.chain": 6, "rows.sweep": 6,
     "tasks.runner": 6, "tasks.unit": 6, "tasks.completions": 6, "tasks.immediate": 6,
     "tasks.enqueue": 6, "scheduling": 6,
     # 7. the process model
-    "supervisor": 7, "embedding": 7,
+    "supervisor": 7,
     # 8. surfaces
     "backend": 8, "admin": 8, "cli": 8, "insight": 8, "testing": 8, "pytest_plugin": 8,
     "views": 8, "urls": 8, "workflows": 8, "management": 8, "checks": 8, "apps": 8,
@@ -50,7 +50,7 @@ FACADES: dict[tuple[str, str], str] = {
                                 "own backends (Django-version compatibility)",
     ("tasks.task", "workflows.builder"): "DBWorkerTask.step() and enqueue_many(workflow=): "
                                          "a task's convenience into the workflows API",
-    ("registry", "status"): "Worker.state(pk): a worker's convenience",
+    ("registry", "rows.status"): "Worker.state(pk): a worker's convenience",
     ("registry", "rows.store"): "Worker.reset_failed(pk): a worker's convenience",
     ("context", "rows.released"): "Context.released(): a handler's convenience",
 }
@@ -197,7 +197,8 @@ def test_the_check_fails_on_an_import_pointing_up(tmp_path, monkeypatch) -> None
     import shutil
 
     copy = tmp_path / ROOT
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "static", "templates", "migrations"))
+    skip = shutil.ignore_patterns("__pycache__", "static", "templates", "migrations")
+    shutil.copytree(PACKAGE, copy, ignore=skip)
     store = copy / "tasks" / "store.py"
     store.write_text(store.read_text() + "\n\ndef _up():\n    from ..backend import x\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", copy)

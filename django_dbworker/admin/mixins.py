@@ -24,7 +24,7 @@ from django.http import HttpRequest
 from ..models import Execution, ExecutionStatus, State
 from ..registry import Worker, workers
 from ..rows import keys, store
-from ..status import has_execution_status
+from ..rows.status import has_execution_status
 from . import display
 from .actions import Change, GuardedActions
 from .djadmin import ActionLocation, action, action_name, base_actions, get_action

@@ -15,8 +15,9 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import conf, space
+from .. import conf
 from ..conf import MAX_RETENTION
+from ..db import space
 from ..models import Execution, Supervisor, TaskRecord, TaskStatus
 from ..registry import workers
 from ..rows import store

@@ -204,7 +204,7 @@ class Command(BaseCommand):
         self._print(name, doc, getattr(render, name), options["json"])
 
     def _vacuum(self, options: dict[str, Any]) -> None:
-        from django_dbworker import space
+        from django_dbworker.db import space
 
         using = conf.get().DATABASE
         if options["full"] and not options["yes"]:

@@ -17,11 +17,11 @@ from django_dbworker import conf
 from django_dbworker.checks import in_memory_sqlite
 from django_dbworker.conf import LOG_FORMATS
 from django_dbworker.djtasks import task_backends
-from django_dbworker.embedding import die_with_parent
 from django_dbworker.exceptions import UnknownWorker
 from django_dbworker.logs import JsonFormatter
 from django_dbworker.management.forked import CheckProcessKilled, run_forked
 from django_dbworker.registry import workers
+from django_dbworker.supervisor.embedding import die_with_parent
 from django_dbworker.supervisor.supervisor import Options, Supervisor
 
 LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}

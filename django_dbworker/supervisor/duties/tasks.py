@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from ... import space
 from ...conf import Config
+from ...db import space
 from ...db.connections import connected
 from ...logs import log_event
 from ...scheduling import Scheduler

@@ -8,10 +8,10 @@ from typing import Any
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Cast
 
-from . import conf
-from .models import Execution, ExecutionStatus, State, no_execution
-from .registry import Worker, workers
-from .rows import keys
+from .. import conf
+from ..models import Execution, ExecutionStatus, State, no_execution
+from ..registry import Worker, workers
+from . import keys
 
 
 def _worker(worker: str | Worker) -> Worker:

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from django.conf import settings
 
-from . import conf
+from .. import conf
 
 #: prctl(2)'s PR_SET_PDEATHSIG: the signal a process gets when its parent dies (Linux).
 _PR_SET_PDEATHSIG = 1
@@ -177,7 +177,7 @@ def _stop_at_exit(handle: Workers) -> None:
 
 def _wait_until_beating(handle: Workers, timeout: float, *, burst: bool) -> None:
     """Until the supervisor's heartbeat row exists (it writes it as it starts)."""
-    from .models import Supervisor
+    from ..models import Supervisor
 
     using = conf.get().DATABASE
     deadline = time.monotonic() + timeout

@@ -16,7 +16,7 @@ from typing import Any
 from django.apps import apps
 from django.db import connections
 
-from .db import engine_for
+from . import engine_for
 
 #: The keys of ``report()``: ``scope`` ("database file" on SQLite, "tables" elsewhere),
 #: ``total_bytes``, ``free_bytes`` (None where the database does not say), ``dead_rows``
