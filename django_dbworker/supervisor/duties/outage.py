@@ -9,13 +9,18 @@ from ...logs import log_event
 from .base import Clock
 
 FIRST_BACKOFF = 0.5
-MAX_BACKOFF = 30.0
+#: The longest wait: a restart or a failover is usually over in seconds, and a supervisor
+#: that waited 30 s after a failed round found the database back up to 30 s late (a
+#: connection attempt every 5 s to a database that is down costs nothing).
+MAX_BACKOFF = 5.0
 
 
 class Outage:
-    """How long to wait after a failed round: 0.5 s, doubling up to 30 s (``longest``),
+    """How long to wait after a failed round: 0.5 s, doubling up to 5 s (``longest``),
     back to 0 after a round that went through; since when and how often the database failed
-    us. ``part`` names, in its log lines, a part other than the main loop (``renewer``)."""
+    us. It doubles only after a wait that was waited out: a round that failed again sooner
+    (the supervisor woke early: a child reported, a signal) keeps the wait it had, or a
+    burst of such rounds at the start of an outage would reach the longest wait at once. ``part`` names, in its log lines, a part other than the main loop (``renewer``)."""
 
     def __init__(self, clock: Clock = time.monotonic, *, longest: float = MAX_BACKOFF,
                  part: str | None = None) -> None:
@@ -26,13 +31,18 @@ class Outage:
         #: Since when (``clock``) and how many times in a row the database failed us.
         self.since: float | None = None
         self.attempts = 0
+        #: When the last round failed (``clock``).
+        self.last: float | None = None
 
     def failed(self, exc: Exception) -> float:
         """Log the error; returns the seconds to wait before the next round."""
+        now = self.clock()
         if self.since is None:
-            self.since = self.clock()
+            self.since = now
         self.attempts += 1
-        self.backoff = min(max(self.backoff * 2, FIRST_BACKOFF), self.longest)
+        if self.last is None or now - self.last >= self.backoff:
+            self.backoff = min(max(self.backoff * 2, FIRST_BACKOFF), self.longest)
+        self.last = now
         log_event(logging.WARNING, "database_error", error=str(exc).strip()[:300],
                   retry_in=self.backoff, **self.context)
         return self.backoff
@@ -43,6 +53,7 @@ class Outage:
         failure closed the last). At the level of ``database_error``, so whoever sees
         that one sees this too."""
         self.backoff = 0.0
+        self.last = None
         if self.since is None or not connected:
             return
         log_event(logging.WARNING, "reconnected", down_for=round(self.clock() - self.since, 2),
