@@ -379,3 +379,38 @@ def test_fresh_table_claim_half_drained(fresh_units):
         assert rows_read(33) <= 10 + 5 * 33
     claims = store.claim(workers["touch"], 33, claimant, 30)
     assert [int(c.source_key) for c in claims] == fresh_units[done:done + 33]
+
+
+def test_takeover_reads_only_the_working_index(history):
+    """A dead supervisor's units (``supervisor/takeover.py``) are read by its id through the
+    index of units in flight, as renewal reads them: never the history, and no index on
+    ``supervisor_id`` is needed."""
+    dead, alive = uuid.uuid4(), uuid.uuid4()
+    for holder, pks in ((dead, history["touch"][:5]), (alive, history["touch"][5:10])):
+        Execution.objects.filter(source_id__in=[str(pk) for pk in pks]).update(
+            state=State.WORKING, supervisor_id=holder, token=uuid.uuid4(),
+            lease_expires_at=timezone.now() + timedelta(seconds=30))
+    sql, params = store.held_by([dead], connection.alias).query.sql_with_params()
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            plan = explain_sql(sql, params)
+            (scan,) = mysql_rows(plan, TABLE)
+            assert scan["key"] == "dbworker_execution_working", describe(plan)
+            assert scan["type"] in ("ref", "range"), describe(plan)
+        elif connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0][0]["Plan"]
+            scans = [n for n, _ in walk(plan) if n.get("Relation Name") == TABLE]
+            indexes = {n["Index Name"] for n, _ in walk(plan) if "Index Name" in n}
+            assert indexes == {"dbworker_execution_working"}, describe(plan)
+            assert all(n["Node Type"] in ("Index Scan", "Bitmap Heap Scan") for n in scans), (
+                describe(plan)
+            )
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+            lines = [row[-1] for row in cursor.fetchall()]
+            assert any("USING INDEX dbworker_execution_working" in line for line in lines), (
+                describe(lines)
+            )
+    assert {row[3] for row in store.held_by([dead], connection.alias)} == {dead}
+    assert len(store.held_by([dead], connection.alias)) == 5

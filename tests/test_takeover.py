@@ -182,10 +182,12 @@ def test_a_dead_supervisors_units_come_back_at_once_fenced_by_their_tokens(caplo
         pytest.skip("SQLite: silence is not death (a write transaction holds up every "
                     "heartbeat); test_on_sqlite_the_lease_stays_the_bound")
     mine, alive, dead = Claimant(pid=1), Claimant(pid=2), Claimant(host="gone-host", pid=3)
+    also = Claimant(host="gone-too", pid=5)
     row_of(mine, silent=60.0)  # even stale, its own units are never taken
     row_of(alive, silent=1.0)
     row_of(dead, silent=10.0)
-    own, live, lost = held_by(mine), held_by(alive), held_by(dead)
+    row_of(also, silent=20.0)
+    own, live, lost, too = held_by(mine), held_by(alive), held_by(dead), held_by(also)
     tokens = {c.unit_pk: c.token for c in [*own, *live]}
 
     with caplog.at_level(logging.INFO, logger="django_dbworker"):
@@ -204,9 +206,15 @@ def test_a_dead_supervisors_units_come_back_at_once_fenced_by_their_tokens(caplo
         assert model.objects.get(pk=c.unit_pk).token == tokens[c.unit_pk], "untouched"
     assert states(*own) == (State.WORKING, TaskStatus.RUNNING)
     assert states(*live) == (State.WORKING, TaskStatus.RUNNING)
-    [line] = _events(caplog, "reaped")
+    assert states(*too) == (State.UNFINISHED, TaskStatus.READY)
+    assert "gone-too:5, stopped beating its heartbeat 2" in TaskRecord.objects.get(
+        pk=too[1].task_id).errors[0]["message"], "each with its own holder's crash"
+    lines = sorted(_events(caplog, "reaped"))
+    assert len(lines) == 2, lines
     assert re.fullmatch(r'reaped units=2 reason="supervisor dead" supervisor=gone-host:3 '
-                        r"silent_for=1\d\.\d", line), line
+                        r"silent_for=1\d\.\d", lines[0]), lines
+    assert re.fullmatch(r'reaped units=2 reason="supervisor dead" supervisor=gone-too:5 '
+                        r"silent_for=2\d\.\d", lines[1]), lines
 
     # The dead one was only paused: back, it cannot record what it held.
     assert run(lost[0]).outcome == "lease_lost"

@@ -27,6 +27,7 @@ import functools
 import socket
 import traceback as tb
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -532,19 +533,29 @@ def reap(max_crashes: int, spare: Claimant | None = None) -> int:
     return reaped
 
 
-def reap_held(supervisor_id: uuid.UUID, crashed: FailureInfo | None, max_crashes: int) -> int:
-    """Take back the executions a gone supervisor still holds (WORKING with its id), each
-    fenced by its token and released as ``reap`` releases (``crashed``: the crash to count;
-    None: not a crash). Read through the index ``dbworker_execution_working``, as renewal
-    reads them: the cost follows the units in flight, never the history; at most 1,000 a
-    call (``supervisor/takeover.py``)."""
-    using = _alias()
+def held_by(supervisor_ids: list[uuid.UUID], using: str) -> Any:
+    """The executions WORKING with one of ``supervisor_ids`` (at most 1,000), read through
+    the index ``dbworker_execution_working``: the units in flight, never the history."""
+    return Execution.objects.using(using).working().filter(
+        supervisor_id__in=supervisor_ids).values_list(
+        "id", "attempts", "token", "supervisor_id")[:1000]
+
+
+def reap_held(holders: dict[uuid.UUID, FailureInfo | None],
+              max_crashes: int) -> Counter[uuid.UUID]:
+    """Take back the executions gone supervisors still hold (WORKING with one of their
+    ids), each fenced by its token and released as ``reap`` releases, with its holder's
+    crash (``holders``: supervisor id to the crash to count; None: not a crash). One read,
+    through the index ``dbworker_execution_working`` as renewal reads them: the cost
+    follows the units in flight, never the history; at most 1,000 a call. Returns how many
+    went back, by holder (``supervisor/takeover.py``)."""
     now = timezone.now()
-    rows = Execution.objects.using(using).working().filter(
-        supervisor_id=supervisor_id).values_list("id", "attempts", "token")[:1000]
-    return sum(release(Claim(execution_id, "", "", cast(uuid.UUID, token), attempt, now),
-                       crashed=crashed, max_crashes=max_crashes)  # WORKING: it has a token
-               for execution_id, attempt, token in list(rows))
+    taken: Counter[uuid.UUID] = Counter()
+    for execution_id, attempt, token, holder in list(held_by(list(holders), _alias())):
+        c = Claim(execution_id, "", "", cast(uuid.UUID, token), attempt, now)  # WORKING
+        by = cast(uuid.UUID, holder)  # one of ``holders``
+        taken[by] += release(c, crashed=holders[by], max_crashes=max_crashes)
+    return taken
 
 
 def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> int:

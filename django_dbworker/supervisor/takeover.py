@@ -10,14 +10,15 @@ supervisor (``duties.leases.Reaping``) takes them back at once, in two steps:
    stopped, and beat within the last two leases (older ones' leases have expired: the
    lease reaper's), from the small ``Supervisor`` table, by the database's clock. One
    statement; usually no row.
-2. ``take_back``: the units each still holds, WORKING (RUNNING) with its id, read through
-   the index renewal reads (``dbworker_execution_working``, ``dbworker_task_running``: the
-   units in flight, never the history), each released fenced by its token exactly as the
-   lease reaper releases: a crash counted (``LeaseLost``, naming the supervisor and how
-   long it was silent), FAILED at ``MAX_CRASHES``. A supervisor that is alive after all
-   (paused, cut off) and comes back cannot commit them: its token no longer matches. One
-   that marked itself stopped left them behind when giving them back failed: they go back
-   without a crash, as its own shutdown would have given them.
+2. ``take_back``: the units they still hold, WORKING (RUNNING) with one of their ids, read
+   (one statement per kind) through the index renewal reads (``dbworker_execution_working``,
+   ``dbworker_task_running``: the units in flight, never the history), each released
+   fenced by its token exactly as the lease reaper releases: a crash counted
+   (``LeaseLost``, naming the supervisor and how long it was silent), FAILED at
+   ``MAX_CRASHES``. A supervisor that is alive after all (paused, cut off) and comes back
+   cannot commit them: its token no longer matches. One that marked itself stopped left
+   them behind when giving them back failed: they go back without a crash, as its own
+   shutdown would have given them.
 
 Silence is death only where the reaper's own supervisor has been beating for longer than
 the dead one's bound (``Heartbeat.beating_for``): after an outage that silenced every
@@ -96,10 +97,11 @@ def gone(spare: uuid.UUID, within: float, *, dead: bool) -> list[Gone]:
             for pk, host, pid, stopped_at, last, expires, at in rows]
 
 
-def take_back(g: Gone, max_crashes: int, *, tasks: bool) -> int:
-    """Release the units ``g`` holds (tasks too when ``tasks``), fenced by their tokens."""
-    crashed = g.crash()
-    taken = store.reap_held(g.supervisor_id, crashed, max_crashes)
+def take_back(gone: list[Gone], max_crashes: int, *, tasks: bool) -> dict[Gone, int]:
+    """Release the units the ``gone`` supervisors hold (tasks too when ``tasks``), fenced
+    by their tokens: one read per kind for all of them. How many went back, by holder."""
+    holders = {g.supervisor_id: g.crash() for g in gone}
+    taken = store.reap_held(holders, max_crashes)
     if tasks:
-        taken += taskstore.reap_held(g.supervisor_id, crashed, max_crashes)
-    return taken
+        taken += taskstore.reap_held(holders, max_crashes)
+    return {g: taken[g.supervisor_id] for g in gone if taken[g.supervisor_id]}

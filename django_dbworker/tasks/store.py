@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -571,16 +572,21 @@ def reap(max_crashes: int, spare: Claimant | None = None) -> int:
     )
 
 
-def reap_held(supervisor_id: uuid.UUID, crashed: FailureInfo | None, max_crashes: int) -> int:
-    """Take back the tasks a gone supervisor still holds (RUNNING with its id), through the
-    index ``dbworker_task_running``, as ``rows.store.reap_held``."""
+def reap_held(holders: dict[uuid.UUID, FailureInfo | None],
+              max_crashes: int) -> Counter[uuid.UUID]:
+    """Take back the tasks gone supervisors still hold (RUNNING with one of their ids),
+    through the index ``dbworker_task_running``, as ``rows.store.reap_held``."""
     using = _alias()
     now = timezone.now()
     rows = TaskRecord.objects.using(using).running().filter(
-        supervisor_id=supervisor_id).values_list("pk", "task_path", "attempts", "token")[:1000]
-    return sum(release(TaskClaim(pk, path, cast(uuid.UUID, token), attempt, now, now),
-                       crashed=crashed, max_crashes=max_crashes)  # RUNNING: it has a token
-               for pk, path, attempt, token in list(rows))
+        supervisor_id__in=list(holders)).values_list(
+        "pk", "task_path", "attempts", "token", "supervisor_id")[:1000]
+    taken: Counter[uuid.UUID] = Counter()
+    for pk, path, attempt, token, holder in list(rows):
+        c = TaskClaim(pk, path, cast(uuid.UUID, token), attempt, now, now)  # RUNNING
+        by = cast(uuid.UUID, holder)  # one of ``holders``
+        taken[by] += release(c, crashed=holders[by], max_crashes=max_crashes)
+    return taken
 
 
 def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> int:

@@ -155,11 +155,13 @@ class Reaping(Periodic):
         """Take back the units of the supervisors that are dead (silent past their bound
         while ``witness`` beat) or marked themselves stopped (``takeover``)."""
         beating = witness.beating_for()  # before the statement: never more than it was
-        for g in takeover.gone(spare.supervisor_id, 2 * self.lease, dead=witness.takes_over):
-            if not g.stopped and beating <= g.bound:
-                continue  # not seen long enough that the database took writes
-            taken = takeover.take_back(g, self.max_crashes, tasks=self.tasks)
-            if taken:
-                log_event(logging.WARNING, "reaped", units=taken,
-                          reason="supervisor stopped" if g.stopped else "supervisor dead",
-                          supervisor=str(g), silent_for=round(g.silent_for, 1))
+        gone = [g for g in takeover.gone(spare.supervisor_id, 2 * self.lease,
+                                         dead=witness.takes_over)
+                # a dead one: only if seen long enough that the database took writes
+                if g.stopped or beating > g.bound]
+        if not gone:
+            return
+        for g, taken in takeover.take_back(gone, self.max_crashes, tasks=self.tasks).items():
+            log_event(logging.WARNING, "reaped", units=taken,
+                      reason="supervisor stopped" if g.stopped else "supervisor dead",
+                      supervisor=str(g), silent_for=round(g.silent_for, 1))
