@@ -89,8 +89,7 @@ class Heartbeat:
     def _write(self, children: list[Any], done: int) -> None:
         values = {"last_heartbeat": database_now(),
                   "heartbeat_expires_at": database_now(self.bound),
-                  "running": [described for ch in children for described in running_all(ch)],
-                  "units_done": done}
+                  "running": _running(children), "units_done": done}
         if self._created and self._rows().filter(pk=self.claimant.supervisor_id).update(
                 **values):
             return
@@ -127,6 +126,15 @@ class Heartbeat:
         if self._created:
             self._rows().filter(pk=self.claimant.supervisor_id).update(
                 stopped_at=timezone.now(), exit_code=exit_code, running=[], units_done=done)
+
+
+def _running(children: list[Any]) -> list[dict[str, Any]]:
+    """What the children run, for the row; nothing rather than no beat if that cannot be
+    told (a beat that fails makes this supervisor look dead to the others)."""
+    try:
+        return [described for ch in children for described in running_all(ch)]
+    except Exception:
+        return []
 
 
 def running_all(child: Any) -> list[dict[str, Any]]:
