@@ -7,6 +7,12 @@ again. Afterwards every row has committed exactly once, every task succeeded, th
 supervisor and its children lived through it, and its log shows the database error and then
 one ``reconnected`` line saying how long the database was gone.
 
+The tests after it (issue 36) restart the server the ways an operator does, ``pg_ctl -m
+fast`` and ``-m immediate``, while two supervisors drain rows, plain tasks and
+transactional tasks (tests/restarts.py), once for a few seconds and once for longer than
+the lease: no unit may be FAILED for it, nor (down for less than the lease) counted a
+crash.
+
 It runs with the PostgreSQL half of the suite (``DBWORKER_TEST_DB=postgres``) and skips,
 saying why, where PostgreSQL's server programs are not installed.
 """
@@ -30,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import restarts
 from tests.conftest import ROOT, Runworkers, wait_for
 
 pytestmark = pytest.mark.processes
@@ -229,3 +236,43 @@ def test_postgresql_restart_mid_run_loses_and_repeats_nothing(cluster, tmp_path)
         assert rw.wait(40) == 0, rw.output()[-3000:]
     finally:
         rw.stop()
+
+
+#: The lease of the long outage's supervisors, and how long the server stays down then.
+LEASE, LONG_DOWN = 5.0, 8.0
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize(("mode", "down", "lease"), [
+    ("fast", DOWN, None), ("immediate", DOWN, None), ("fast", LONG_DOWN, LEASE)],
+    ids=["fast", "immediate", "fast-longer-than-lease"])
+def test_postgresql_restart_fails_no_unit_under_two_supervisors(cluster, tmp_path, mode,
+                                                                down, lease):
+    """A drain of rows, plain and transactional tasks under two supervisors, with batched
+    completions pending, through ``pg_ctl stop -m MODE`` and a start: no unit FAILED, every
+    task SUCCESSFUL, every transactional Effect once, both supervisors and their children
+    still up, no crash counted (tests/restarts.py). The last case stays down longer than
+    the lease: its reaped units count a crash each."""
+    env = {**os.environ, "DBWORKER_TEST_DB": "postgres", "PGHOST": "127.0.0.1",
+           "PGPORT": str(cluster.port), "PGUSER": "postgres", "DBWORKER_TEST_DB_NAME": DATABASE,
+           "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
+           "PYTHONUNBUFFERED": "1"}
+    if lease is not None:
+        env["DBWORKER_TEST_LEASE"] = str(lease)
+    with cluster.connect("postgres") as conn:
+        conn.execute(f"CREATE DATABASE {DATABASE}")
+    drain = restarts.Drain(tmp_path)
+    drain.seed(env)
+
+    def query(sql: str) -> list[tuple]:
+        with cluster.connect() as conn:
+            return conn.execute(sql).fetchall()
+
+    def outage() -> None:
+        cluster.stop(mode)  # every connection is cut; new ones are refused
+        time.sleep(down)
+        cluster.start()
+
+    restarts.restart_during_drain(
+        f"postgresql -m {mode}, down {down}s, lease {lease or 30}s", query, drain, env,
+        outage, past_lease=lease is not None)

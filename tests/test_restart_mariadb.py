@@ -7,6 +7,12 @@ shut down for a few seconds and started again. Afterwards every row has committe
 once, every task succeeded, the supervisor and its children lived through it, and its log
 shows the database error and then one ``reconnected`` line.
 
+The tests after it (issue 36) restart the server as operations do, ``mariadbd``
+killed (SIGKILL) and shut down cleanly, while two supervisors drain rows, plain tasks and
+transactional tasks (tests/restarts.py), once for a few seconds and once for longer than
+the lease: no unit may be FAILED for it, nor (down for less than the lease) counted a
+crash.
+
 It runs with the MariaDB part of the suite (``DBWORKER_TEST_DB=mariadb``) and skips, saying
 why, where MariaDB's server programs are not installed.
 """
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import restarts
 from tests.conftest import ROOT, Runworkers, wait_for
 
 pytestmark = pytest.mark.processes
@@ -108,6 +115,13 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an out-of-memory kill: InnoDB recovers at the next start."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.kill()
+        self.process.wait(30)
 
     def connect(self, database: str = DATABASE):
         import MySQLdb
@@ -229,3 +243,58 @@ def test_mariadb_restart_mid_run_loses_and_repeats_nothing(server, tmp_path):
         assert rw.wait(40) == 0, rw.output()[-3000:]
     finally:
         rw.stop()
+
+
+#: The lease of the long outage's supervisors, and how long the server stays down then.
+LEASE, LONG_DOWN = 5.0, 8.0
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize(("how", "down", "lease"), [
+    ("kill", DOWN, None), ("shutdown", DOWN, None), ("kill", LONG_DOWN, LEASE)],
+    ids=["kill", "shutdown", "kill-longer-than-lease"])
+def test_mariadb_restart_fails_no_unit_under_two_supervisors(server, tmp_path, how, down,
+                                                             lease):
+    """A drain of rows, plain and transactional tasks under two supervisors, with batched
+    completions pending, through ``mariadbd`` killed (SIGKILL) or shut down (SIGTERM) and
+    started again: no unit FAILED, every task SUCCESSFUL, every transactional Effect once,
+    both supervisors and their children still up, no crash counted (tests/restarts.py). The
+    last case stays down longer than the lease: its reaped units count a crash each."""
+    env = {**os.environ, "DBWORKER_TEST_DB": "mariadb", "MYSQL_HOST": "127.0.0.1",
+           "MYSQL_PORT": str(server.port), "MYSQL_USER": "root", "MYSQL_PASSWORD": "",
+           "DBWORKER_TEST_DB_NAME": DATABASE, "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    if lease is not None:
+        env["DBWORKER_TEST_LEASE"] = str(lease)
+    conn = server.connect("mysql")
+    conn.cursor().execute(f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4 "
+                          "COLLATE utf8mb4_unicode_ci")
+    conn.close()
+    drain = restarts.Drain(tmp_path)
+    drain.seed(env)
+
+    def query(sql: str) -> list[tuple]:
+        return _rows(server, sql)
+
+    def outage() -> None:
+        if how == "kill":
+            server.kill()  # every connection is cut; new ones are refused
+        else:
+            server.stop()
+        time.sleep(down)
+        server.start()
+
+    restarts.restart_during_drain(
+        f"mariadb {how}, down {down}s, lease {lease or 30}s", query, drain, env, outage,
+        past_lease=lease is not None, diagnose=lambda: _latest_deadlock(server))
+
+
+def _latest_deadlock(server: Server) -> str:
+    """InnoDB's account of the last deadlock since the start, if any: the two transactions
+    and the locks they waited for."""
+    try:
+        (_, _, status), = _rows(server, "SHOW ENGINE INNODB STATUS")
+    except Exception as exc:
+        return f"SHOW ENGINE INNODB STATUS failed: {exc}"
+    found = re.search(r"LATEST DETECTED DEADLOCK\n-+\n(.*?)\n-{4,}\n[A-Z]", status, re.S)
+    return f"InnoDB's latest deadlock:\n{found.group(1)[:6000]}" if found else "no deadlock"

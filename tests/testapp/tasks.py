@@ -150,6 +150,55 @@ def chaos_effect(n, seconds=0.0):
     return n
 
 
+@task
+def outside_effect(n, path, gate="", seconds=0.0):
+    """A plain task that never touches the database: appends ``n`` to the file ``path`` (one
+    line per run: its runs are counted there), then sleeps ``seconds``. A child running
+    these keeps their successes to record together (tasks/completions.py).
+
+    Given a ``gate``, it stands for a handler that runs through a database outage: when the
+    server has closed a connection of this process (``_server_closed_ours``), it waits until
+    the ``gate`` file exists (tests/restarts.py creates it once the server is back). The
+    first statement its child sends after the outage is then the record of the successes
+    it kept, on a connection that died."""
+    with open(path, "a") as f:
+        f.write(f"{n}\n")
+    if gate and _server_closed_ours():
+        while not os.path.exists(gate):
+            time.sleep(0.02)
+    if seconds:
+        time.sleep(seconds)
+    return n
+
+
+def _server_closed_ours() -> bool:
+    """Whether the database server closed a TCP connection of this process, seen without a
+    statement: a socket of ours to the database's port waits in CLOSE_WAIT (Linux's /proc)."""
+    from django.db import connection
+
+    port = int(connection.settings_dict.get("PORT") or 0)
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            ours.add(target[8:-1])
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            remote, state, inode = fields[2], fields[3], fields[9]
+            if state == "08" and inode in ours and int(remote.rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
 @task(timeout=30, takes_context=True)
 def slow_first(context, n, seconds):
     """Sleeps on its first attempt only; a re-run returns at once. Returns who ran it."""
