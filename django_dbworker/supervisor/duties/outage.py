@@ -20,7 +20,8 @@ class Outage:
     back to 0 after a round that went through; since when and how often the database failed
     us. It doubles only after a wait that was waited out: a round that failed again sooner
     (the supervisor woke early: a child reported, a signal) keeps the wait it had, or a
-    burst of such rounds at the start of an outage would reach the longest wait at once. ``part`` names, in its log lines, a part other than the main loop (``renewer``)."""
+    burst of such rounds at the start of an outage would reach the longest wait at once.
+    ``part`` names, in its log lines, a part other than the main loop (``renewer``)."""
 
     def __init__(self, clock: Clock = time.monotonic, *, longest: float = MAX_BACKOFF,
                  part: str | None = None) -> None:
