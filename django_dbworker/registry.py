@@ -14,7 +14,7 @@ from django.db.models.query import QuerySet
 
 from .exceptions import InvalidWorker, UnknownWorker
 from .tasks import retry
-from .tasks.options import MAX_LIMIT
+from .tasks.options import MAX_LIMIT, bad_limit
 
 if TYPE_CHECKING:
     from .outcomes import Outcome
@@ -304,8 +304,7 @@ def _check_concurrency(where: str, source: type[models.Model], limit: Any,
                        key: Any) -> None:
     """``InvalidWorker`` naming the value and the fix, for a bad ``concurrency_limit`` or
     ``concurrency_key`` of ``@worker``."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                              or not 1 <= limit <= MAX_LIMIT):
+    if bad_limit(limit):
         raise InvalidWorker(
             f"{where}: concurrency_limit={limit!r} must be a whole number from 1 to "
             f"{MAX_LIMIT:,} (how many units with one key may work at once on all "

@@ -92,11 +92,17 @@ def on_commit_error(where: str) -> InvalidTask:
 # ----- concurrency --------------------------------------------------------------------------
 
 
+def bad_limit(limit: Any) -> bool:
+    """Whether a ``concurrency_limit`` (of ``@task`` or ``@worker``) is not a whole number
+    from 1 to ``MAX_LIMIT`` (None, no limit, is not bad)."""
+    return limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or not 1 <= limit <= MAX_LIMIT)
+
+
 def check_concurrency(where: str, limit: Any, key: Any) -> None:
     """``InvalidTask`` naming the value and the fix, for a bad ``concurrency_limit`` or
     ``concurrency_key`` (declared with ``@task`` or given to ``.using()``)."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                              or not 1 <= limit <= MAX_LIMIT):
+    if bad_limit(limit):
         raise InvalidTask(
             f"{where}: concurrency_limit={limit!r} must be a whole number from 1 to "
             f"{MAX_LIMIT:,} (how many tasks with one concurrency key may run at once); to "
