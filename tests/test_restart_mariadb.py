@@ -92,7 +92,7 @@ class Server:
              f"--port={self.port}", "--bind-address=127.0.0.1", f"--log-error={self.log}",
              f"--pid-file={self.folder / 'mariadb.pid'}", "--skip-log-bin",
              "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=2",
-             "--max-connections=60", *self.user],
+             "--max-connections=60", "--innodb-print-all-deadlocks=ON", *self.user],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 60
         while True:
@@ -286,15 +286,23 @@ def test_mariadb_restart_fails_no_unit_under_two_supervisors(server, tmp_path, h
 
     restarts.restart_during_drain(
         f"mariadb {how}, down {down}s, lease {lease or 30}s", query, drain, env, outage,
-        past_lease=lease is not None, diagnose=lambda: _latest_deadlock(server))
+        past_lease=lease is not None, diagnose=lambda: _server_says(server))
 
 
-def _latest_deadlock(server: Server) -> str:
-    """InnoDB's account of the last deadlock since the start, if any: the two transactions
-    and the locks they waited for."""
+def _server_says(server: Server) -> str:
+    """What the server's error log says that may explain a failure: its errors (an index
+    found corrupted after recovery, say), then InnoDB's accounts of the deadlocks since it
+    started (it prints them all), those with a task's status update first."""
     try:
-        (_, _, status), = _rows(server, "SHOW ENGINE INNODB STATUS")
-    except Exception as exc:
-        return f"SHOW ENGINE INNODB STATUS failed: {exc}"
-    found = re.search(r"LATEST DETECTED DEADLOCK\n-+\n(.*?)\n-{4,}\n[A-Z]", status, re.S)
-    return f"InnoDB's latest deadlock:\n{found.group(1)[:6000]}" if found else "no deadlock"
+        log = server.log.read_text(errors="replace")
+    except OSError as exc:
+        return f"no server log: {exc}"
+    errors = [line for line in log.splitlines() if "[ERROR]" in line]
+    found = re.findall(r"\*\*\* \(1\) TRANSACTION:.*?WE ROLL BACK TRANSACTION \(\d\)", log,
+                       re.S)
+    found.sort(key=lambda text: not ("taskrecord" in text and " JOIN " in text))
+    said = (f"{len(errors)} [ERROR] lines in the server's log"
+            + (":\n" + "\n".join(errors[:15]) if errors else ""))
+    if found:
+        said += f"\n{len(found)} InnoDB deadlocks, e.g.:\n" + "\n".join(found[:2])[:8000]
+    return said
