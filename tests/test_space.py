@@ -16,7 +16,8 @@ from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_dbworker import conf, space
+from django_dbworker import conf
+from django_dbworker.db import space
 from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.supervisor.duties.tasks import Retention
 from tests.testapp import tasks
