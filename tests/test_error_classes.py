@@ -173,3 +173,53 @@ def test_a_batch_of_completions_lost_with_its_session_all_go_back_unfailed(vendo
         run_until_idle()
         assert sorted(row.return_value for row in rows.all()) == [1, 2, 3, 4, 5]
         assert {(row.status, row.crashes) for row in rows.all()} == {(TaskStatus.SUCCESSFUL, 0)}
+
+
+def _deadlock(vendor: str) -> DatabaseError:
+    """The error a deadlock raises on ``vendor``, as Django raises it from the driver's."""
+    from django.db import OperationalError
+
+    if vendor == "postgresql":
+        import psycopg
+
+        cause: Exception = psycopg.errors.DeadlockDetected("deadlock detected")
+    elif vendor == "mysql":
+        import MySQLdb
+
+        cause = MySQLdb.OperationalError(1213, "Deadlock found when trying to get lock")
+    else:
+        cause = sqlite3.OperationalError("database is locked")
+    exc = OperationalError(*cause.args)
+    exc.__cause__ = cause
+    return exc
+
+
+def test_a_transactional_task_whose_record_deadlocks_goes_back_unfailed(vendor, monkeypatch):
+    """MariaDB: a transactional task's SUCCESSFUL record deadlocked with its supervisor's
+    lease renewal (the renewal locks the running index's entries, then rows; the record
+    the row, then the entry), and the task was recorded FAILED with its writes rolled back.
+    The deadlock rolled the whole transaction back: not the task's fault; it goes back, as
+    a row unit's does, and runs again exactly once."""
+    from tests.testapp.models import Effect
+
+    result = tasks.effect_once.enqueue(7)
+    (c,) = taskstore.claim(None, 1, Claimant(), 30)
+    real = taskstore.succeed
+
+    def deadlocked(*args: Any, **kwargs: Any) -> int:
+        raise _deadlock(vendor)
+
+    monkeypatch.setattr(taskstore, "succeed", deadlocked)
+    report: list[tuple[Any, ...]] = []
+    child.run_one(0, c, "default", report)
+    monkeypatch.setattr(taskstore, "succeed", real)
+
+    assert [kind for _, kind, *_ in report] == ["db_error"], report
+    row = TaskRecord.objects.get(pk=result.id)
+    assert (row.status, row.errors) == (TaskStatus.RUNNING, [])
+    assert not Effect.objects.filter(item_id=7).exists()  # rolled back with it
+    units.release(c, crashed=None, max_crashes=3)
+    run_until_idle()
+    row.refresh_from_db()
+    assert (row.status, row.crashes) == (TaskStatus.SUCCESSFUL, 0)
+    assert Effect.objects.filter(item_id=7).count() == 1

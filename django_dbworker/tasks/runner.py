@@ -143,8 +143,11 @@ def _run_in_transaction(task: Any, c: TaskClaim, result: Any, row: Any, started:
     except Snooze as exc:
         return _snoozed(task, c, row.snoozes, exc, started)
     except (OperationalError, InterfaceError) as exc:
-        if errors.gone(exc, using, raw):
-            raise  # the connection or the server went away: it goes back
+        if errors.gone(exc, using, raw) or errors.transient(exc, using):
+            # The connection or the server went away, or a deadlock (MariaDB: its record
+            # against the supervisor's lease renewal) rolled the whole transaction back:
+            # not the task's fault; it goes back and runs again, as a row unit's does.
+            raise
         return _failed(task, c, exc, started)
     except BaseException as exc:
         if engine(using).session_lost(exc) or errors.gone(exc, using):
