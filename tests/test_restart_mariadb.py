@@ -251,15 +251,19 @@ LEASE, LONG_DOWN = 5.0, 8.0
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(("how", "down", "lease"), [
-    ("kill", DOWN, None), ("shutdown", DOWN, None), ("kill", LONG_DOWN, LEASE)],
-    ids=["kill", "shutdown", "kill-longer-than-lease"])
+    ("kill", DOWN, None), ("shutdown", DOWN, None), ("shutdown", LONG_DOWN, LEASE)],
+    ids=["kill", "shutdown", "shutdown-longer-than-lease"])
 def test_mariadb_restart_fails_no_unit_under_two_supervisors(server, tmp_path, how, down,
                                                              lease):
     """A drain of rows, plain and transactional tasks under two supervisors, with batched
     completions pending, through ``mariadbd`` killed (SIGKILL) or shut down (SIGTERM) and
     started again: no unit FAILED, every task SUCCESSFUL, every transactional Effect once,
     both supervisors and their children still up, no crash counted (tests/restarts.py). The
-    last case stays down longer than the lease: its reaped units count a crash each."""
+    last case stays down longer than the lease: its reaped units count a crash each. It
+    shuts the server down rather than killing it: killed and kept down past the lease,
+    MariaDB 10.11's crash recovery flagged the claim indexes on virtual columns corrupted
+    in about a quarter of the runs (docs/operations.md, "After a server crash"), a server
+    bug that this test would then report instead of ours."""
     env = {**os.environ, "DBWORKER_TEST_DB": "mariadb", "MYSQL_HOST": "127.0.0.1",
            "MYSQL_PORT": str(server.port), "MYSQL_USER": "root", "MYSQL_PASSWORD": "",
            "DBWORKER_TEST_DB_NAME": DATABASE, "DJANGO_SETTINGS_MODULE": "tests.settings",
