@@ -41,9 +41,11 @@ class Outage:
         if self.since is None:
             self.since = now
         self.attempts += 1
-        if self.last is None or now - self.last >= self.backoff:
-            self.backoff = min(max(self.backoff * 2, FIRST_BACKOFF), self.longest)
+        waited = self.last is None or now - self.last >= self.backoff
         self.last = now
+        if not waited:  # woken early: counted (``attempts``), said by the next full wait
+            return self.backoff
+        self.backoff = min(max(self.backoff * 2, FIRST_BACKOFF), self.longest)
         log_event(logging.WARNING, "database_error", error=str(exc).strip()[:300],
                   retry_in=self.backoff, **self.context)
         return self.backoff
