@@ -114,7 +114,11 @@ def test_the_heartbeat_is_the_databases_clock_and_declares_its_bound():
         assert not beat.takes_over and declared == 30.0, "SQLite: the lease is the bound"
     else:
         assert beat.takes_over and declared == MISSED_BEATS * 2.0 == 6.0
-    assert 0 <= (row.database_now - row.last_heartbeat).total_seconds() < declared
+    assert row.last_heartbeat <= row.database_now, "written by the database's clock"
+    # Judged by the database's clock: ahead there, it is alive everywhere (no bound on how
+    # long this test takes between the beat and the read).
+    Supervisor.objects.update(heartbeat_expires_at=database_now(timedelta(hours=1)))
+    row = Supervisor.objects.judged().get()
     assert row.state() == "alive" and Supervisor.objects.alive().count() == 1
     assert row.units_done == 1
     # Judged by the database's clock: gone stale there, it is dead everywhere.

@@ -665,12 +665,10 @@ class Supervisor:
                     continue
                 log_event(logging.WARNING, "unit_session_ended", child=ch.pid, unit=unit,
                           error=error[:300])
-                self.progress.add(RunOutcome.CRASHED)
-                if c is not None:
-                    self.retry_release.append((c, FailureInfo(
-                        SESSION_ENDED,
-                        "the database session running this unit ended while it ran, and "
-                        f"the database answered a new connection right after: {error[:500]}")))
+                self._crashed(c, FailureInfo(
+                    SESSION_ENDED,
+                    "the database session running this unit ended while it ran, and "
+                    f"the database answered a new connection right after: {error[:500]}"))
             elif kind == "db_trouble":
                 # The server's own state (disk full, read-only, a statement timeout), not
                 # the unit's value: released as a crash, so one that meets it each time
@@ -678,12 +676,10 @@ class Supervisor:
                 unit, error, exception_class = details
                 log_event(logging.WARNING, "unit_database_trouble", child=ch.pid, unit=unit,
                           error=error[:300])
-                self.progress.add(RunOutcome.CRASHED)
-                if c is not None:
-                    self.retry_release.append((c, FailureInfo(
-                        exception_class,
-                        "the database could not run or record this unit for a reason of its "
-                        f"own, not the unit's value: {error[:500]}")))
+                self._crashed(c, FailureInfo(
+                    exception_class,
+                    "the database could not run or record this unit for a reason of its "
+                    f"own, not the unit's value: {error[:500]}"))
             elif kind == "unrecordable":
                 # Not even its fallback FAILED record could be written on a working
                 # connection: released as a crash, so MAX_CRASHES ends it, never a loop.
@@ -691,14 +687,19 @@ class Supervisor:
                 log_event(logging.ERROR, "unit_unrecordable", child=ch.pid,
                           error=f"{info.exception_class}: {info.message}"[:300],
                           record_error=error[:300])
-                self.progress.add(RunOutcome.CRASHED)
-                if c is not None:
-                    self.retry_release.append((c, FailureInfo(
-                        info.exception_class,
-                        f"{info.message}; and recording that failed too ({error[:500]})",
-                        info.traceback)))
+                self._crashed(c, FailureInfo(
+                    info.exception_class,
+                    f"{info.message}; and recording that failed too ({error[:500]})",
+                    info.traceback))
         if self.stop_requested_at is not None and not ch.sent:
             ch.ask_to_stop()
+
+    def _crashed(self, c: Unit | None, info: FailureInfo) -> None:
+        """A unit a child reported lost to a crash (``info``): counted, and released as
+        one (MAX_CRASHES ends a unit that does it each time)."""
+        self.progress.add(RunOutcome.CRASHED)
+        if c is not None:
+            self.retry_release.append((c, info))
 
     def _session_survived(self, since: float) -> bool:
         """Whether this supervisor's own session began before the child's session that

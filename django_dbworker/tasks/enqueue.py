@@ -15,7 +15,8 @@ from django.db import transaction
 from .. import conf
 from ..db import refuse_unusable
 from ..djtasks import InvalidTask, Task
-from . import newtasks
+from ..workflows import dependencies
+from . import concurrency, newtasks, uniqueness
 from . import store as taskstore
 from .newtasks import encoded, rows_of, send_enqueued
 from .results import new_results, to_result
@@ -54,8 +55,6 @@ def store_many(
     backend.validate_task(task)
     calls = list(calls)
     if getattr(task, "after", ()):  # workflows: only dependents take this path
-        from ..workflows import dependencies  # a facade: dependents are stored there
-
         return dependencies.enqueue(backend, cast(DBWorkerTask, task), calls)
     key = getattr(task, "idempotency_key", None)
     if key is not None and len(calls) != 1:
@@ -64,8 +63,6 @@ def store_many(
             "calls; a key identifies one call."
         )
     if unique_wanted(task):  # flow control: only keyed calls take this path
-        from . import uniqueness
-
         return uniqueness.enqueue(backend, cast(DBWorkerTask, task), calls)
     if not calls:
         return []
@@ -124,8 +121,6 @@ def _enqueue_keyed(backend: Backend, task: DBWorkerTask, shared: Any, ids: list[
     """``enqueue_many`` of a task with a concurrency limit: each row with its
     concurrency key, stored in call order (a statement per batch: the key is a per-row
     value of the insert), the keys' slots made first (``tasks.concurrency``)."""
-    from . import concurrency
-
     rows = rows_of(task, shared, ids, calls, 0)
     encoded(task, rows, 0)  # refuses, naming the call, what is not JSON or too large
     keys = concurrency.keys_of(task, [(r.args, r.kwargs) for r in rows])

@@ -178,8 +178,8 @@ def after_tuple(after: Any) -> Any:
 
 
 def unique_wanted(task: Any) -> bool:
-    """Whether a uniqueness option is set (``tasks.uniqueness.wanted``, without importing
-    it on the plain path)."""
+    """Whether a uniqueness option is set: the enqueue takes the keyed path
+    (``tasks.uniqueness``)."""
     return (getattr(task, "unique_key", None) is not None
             or getattr(task, "unique_for", None) is not None
             or getattr(task, "unique_while", "active") != "active"
