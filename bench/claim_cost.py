@@ -168,9 +168,10 @@ def time_claim(worker_name: str, limit: int, alias: str) -> int:
     """Nanoseconds of one whole ``store.claim()`` call; the claim is put back afterwards."""
     from django_dbworker.registry import workers
     from django_dbworker.rows import store
+    from django_dbworker.units.claimant import Claimant
 
     benchlib.use_database(alias)
-    claimant = store.Claimant(pid=os.getpid())
+    claimant = Claimant(pid=os.getpid())
     started = time.perf_counter_ns()
     claims = store.claim(workers[worker_name], limit, claimant, LEASE)
     elapsed = time.perf_counter_ns() - started
@@ -200,10 +201,11 @@ def statement(worker_name: str, limit: int, alias: str) -> tuple[str, list[Any]]
 
     from django_dbworker.registry import workers
     from django_dbworker.rows import store
+    from django_dbworker.units.claimant import Claimant
 
     benchlib.use_database(alias)
     now = timezone.now()
-    return store.claim_sql(workers[worker_name], limit, store.Claimant(pid=os.getpid()),
+    return store.claim_sql(workers[worker_name], limit, Claimant(pid=os.getpid()),
                            token=uuid.uuid4(), now=now, expires=now + timedelta(seconds=LEASE))
 
 

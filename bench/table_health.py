@@ -152,7 +152,7 @@ def main() -> None:
 
 
 def run(name: str, args: argparse.Namespace, server: dict[str, str]) -> dict[str, Any]:
-    from django_dbworker.rows.store import Claimant
+    from django_dbworker.units.claimant import Claimant
 
     claimant = Claimant(pid=os.getpid())
     kinds = {kind: (Tasks if kind == "tasks" else Rows)(args, claimant) for kind in args.kinds}

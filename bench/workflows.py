@@ -362,8 +362,8 @@ def alternately(limit: int, aliases: dict[str, str],
 def time_claim(limit: int, alias: str) -> int:
     """Nanoseconds of one ``claim()`` of every queue, as the supervisor makes it; the
     claimed tasks are given back afterwards (not timed)."""
-    from django_dbworker.rows.store import Claimant
     from django_dbworker.tasks import store
+    from django_dbworker.units.claimant import Claimant
 
     benchlib.use_database(alias)
     claimant = Claimant(pid=os.getpid())

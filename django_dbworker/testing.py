@@ -17,12 +17,12 @@ from . import conf, progress
 from .djtasks import Task, TaskResult, task_enqueued
 from .registry import Worker, workers
 from .rows import store
-from .rows.store import Claimant
 from .rows.sweep import Sweeper
 from .supervisor import units
 from .supervisor.pauses import Pauses
 from .tasks import concurrency
 from .tasks import store as taskstore
+from .units.claimant import Claimant
 from .workflows.rows import release_ended_rows
 
 

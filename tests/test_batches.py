@@ -14,12 +14,12 @@ from django.db import DatabaseError, transaction
 
 import django_dbworker
 from django_dbworker.models import TaskRecord, TaskStatus
-from django_dbworker.rows import store
 from django_dbworker.supervisor.handoff import Handoff
 from django_dbworker.supervisor.prefetch import Prefetch
 from django_dbworker.tasks import completions
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.completions import Completions, Kept
+from django_dbworker.units.claimant import Claimant
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Effect
@@ -123,7 +123,7 @@ def test_a_slow_claim_tops_children_up_sooner_and_keeps_more_waiting():
 
 def claimed(n: int) -> list[taskstore.TaskClaim]:
     tasks.add.enqueue_many([((i, i), {}) for i in range(n)])
-    return taskstore.claim(None, n, store.Claimant(), 30)
+    return taskstore.claim(None, n, Claimant(), 30)
 
 
 def test_succeed_many_records_each_live_claim_and_only_those():
@@ -316,7 +316,7 @@ def test_a_cancel_stops_the_task_asked_for_not_the_one_its_child_ran_next():
             return []
 
     stopped = []
-    work = TaskWork(None, conf.get(), store.Claimant(), schedule=False)
+    work = TaskWork(None, conf.get(), Claimant(), schedule=False)
     work.maintain([Child()], lambda ch, c: stopped.append(c) or True,
                   Prefetch(per_child=4, concurrency=1, lease=30))
     assert stopped == []

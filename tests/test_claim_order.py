@@ -10,8 +10,8 @@ from django.utils import timezone
 from django_dbworker.models import Execution
 from django_dbworker.registry import workers
 from django_dbworker.rows import store
-from django_dbworker.rows.store import Claimant
 from django_dbworker.tasks import store as taskstore
+from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Effect, Ranked
 from tests.testapp.tasks import add
 

@@ -38,6 +38,7 @@ from django_dbworker.models import Execution, State
 from django_dbworker.outcomes import Finished
 from django_dbworker.registry import workers
 from django_dbworker.rows import pending, store
+from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Item
 
 INDEX = "dbworker_execution_claimable"
@@ -137,7 +138,7 @@ def claim_statement(worker_name: str, limit: int) -> tuple[str, list[Any]]:
     """The statement ``store.claim()`` would send now, with its parameters."""
     now = timezone.now()
     with transaction.atomic():  # the candidate subquery is SELECT ... FOR UPDATE
-        return store.claim_sql(workers[worker_name], limit, store.Claimant(),
+        return store.claim_sql(workers[worker_name], limit, Claimant(),
                                token=uuid.uuid4(), now=now, expires=now + timedelta(seconds=30))
 
 
@@ -238,7 +239,7 @@ def test_pk_ordered_claim_walks_the_claim_index_in_order(history, limit):
     else:
         assert not any("TEMP B-TREE" in line for line in plan), describe(plan)
 
-    claims = store.claim(workers["touch"], limit, store.Claimant(), 30)
+    claims = store.claim(workers["touch"], limit, Claimant(), 30)
     expected = sorted(history["touch"])[:limit]
     assert sorted(int(c.source_key) for c in claims) == expected
 
@@ -253,7 +254,7 @@ def test_claim_in_another_order_reads_only_the_claim_index(history, limit):
         ((scan, _),) = claim_index_scans(plan)
         assert scan["Plan Rows"] <= 10 * (NEWEST_PENDING + SCATTERED_PENDING), describe(plan)
 
-    claims = store.claim(workers["ranked"], limit, store.Claimant(), 30)
+    claims = store.claim(workers["ranked"], limit, Claimant(), 30)
     ranks = dict(Item.objects.filter(pk__in=history["ranked"]).values_list("pk", "rank"))
     by_rank = sorted(ranks, key=lambda pk: (-ranks[pk], pk))
     assert {int(c.source_key) for c in claims} == set(by_rank[:limit])
@@ -265,7 +266,7 @@ def test_reaper_reads_only_the_working_index(history):
     Execution.objects.filter(source_id__in=[str(pk) for pk in history["touch"][:5]]).update(
         state=State.WORKING, lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    own = store.Claimant()
+    own = Claimant()
     sql, params = store.expired(timezone.now(), connection.alias, own).query.sql_with_params()
     _reads_only_the_working_index(sql, params)
     assert len(store.expired(timezone.now(), connection.alias, own)) == 5
@@ -342,7 +343,7 @@ def test_fresh_table_claim_walks_the_claim_index(fresh_units, limit):
 def test_fresh_table_claim_half_drained(fresh_units):
     """Halfway through the drain (2,500 FINISHED, their claim index entries dead, nothing
     vacuumed), still no statistics: a claim still reads only what it claims."""
-    claimant = store.Claimant()
+    claimant = Claimant()
     done = 0
     while done < FRESH // 2:
         for c in store.claim(workers["touch"], 50, claimant, 30):

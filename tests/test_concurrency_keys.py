@@ -14,10 +14,11 @@ from django.utils import timezone
 from django_dbworker.djtasks import InvalidTask, task
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import ConcurrencySlot, TaskRecord, TaskStatus
-from django_dbworker.rows.store import Claimant, FailureInfo
 from django_dbworker.tasks import concurrency
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units.claimant import Claimant
+from django_dbworker.units.failures import FailureInfo
 from tests.conftest import wait_for
 from tests.testapp import concurrency_tasks as ct
 from tests.testapp import tasks

@@ -282,8 +282,8 @@ def test_a_dependent_enqueued_while_its_dependency_runs_is_released():
     """The claim said the dependency had no dependents; the completion's one statement
     (``has_dependents = false``) leaves it, and the transactional path records it with the
     release."""
-    from django_dbworker.rows.store import Claimant
     from django_dbworker.tasks import store as taskstore
+    from django_dbworker.units.claimant import Claimant
 
     a = tasks.add.enqueue(1, 1)
     (claim,) = taskstore.claim(None, 1, Claimant(), 30)
@@ -335,8 +335,9 @@ def test_idempotency_key_returns_the_holder_without_new_edges():
 def test_a_running_dependency_cancelled_by_its_supervisor_cancels_its_dependents():
     """The supervisor's record of a cancel (and of a timeout) is ``fail_attempt`` with the
     claim's token: the dependents are resolved in its transaction."""
-    from django_dbworker.rows.store import Claimant, FailureInfo
     from django_dbworker.tasks import store as taskstore
+    from django_dbworker.units.claimant import Claimant
+    from django_dbworker.units.failures import FailureInfo
 
     a = tasks.add.enqueue(1, 1)
     (claim,) = taskstore.claim(None, 1, Claimant(), 30)
@@ -351,8 +352,9 @@ def test_a_running_dependency_cancelled_by_its_supervisor_cancels_its_dependents
 
 
 def test_a_dependency_that_crashed_too_often_cancels_its_dependents():
-    from django_dbworker.rows.store import Claimant, FailureInfo
     from django_dbworker.tasks import store as taskstore
+    from django_dbworker.units.claimant import Claimant
+    from django_dbworker.units.failures import FailureInfo
 
     a = tasks.add.enqueue(1, 1)
     b = tasks.add.using(after=[a]).enqueue(2, 2)
@@ -364,8 +366,9 @@ def test_a_dependency_that_crashed_too_often_cancels_its_dependents():
 
 
 def test_a_dependency_given_back_after_a_crash_releases_nothing():
-    from django_dbworker.rows.store import Claimant, FailureInfo
     from django_dbworker.tasks import store as taskstore
+    from django_dbworker.units.claimant import Claimant
+    from django_dbworker.units.failures import FailureInfo
 
     a = tasks.add.enqueue(1, 1)
     b = tasks.add.using(after=[a]).enqueue(2, 2)

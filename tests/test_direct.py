@@ -17,6 +17,7 @@ from django_dbworker.db import direct, sources
 from django_dbworker.models import Execution, State
 from django_dbworker.registry import workers
 from django_dbworker.rows import runner, store
+from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Effect, Item
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,7 +32,7 @@ def sqlite_only(vendor: str) -> None:
 
 def claimed() -> store.Claim:
     item = Item.objects.create()
-    (c,) = store.claim(workers["touch"], 1, store.Claimant(pid=os.getpid()), 60)
+    (c,) = store.claim(workers["touch"], 1, Claimant(pid=os.getpid()), 60)
     assert c.source_key == str(item.pk)
     return c
 

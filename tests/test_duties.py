@@ -18,7 +18,6 @@ from django.utils import timezone
 from django_dbworker import conf, workers
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
 from django_dbworker.rows import store
-from django_dbworker.rows.store import Claimant
 from django_dbworker.rows.sweep import Sweeper
 from django_dbworker.supervisor import units
 from django_dbworker.supervisor.duties.base import (
@@ -32,6 +31,7 @@ from django_dbworker.supervisor.duties.leases import Reaping, Renewal, Retries
 from django_dbworker.supervisor.duties.outage import Outage
 from django_dbworker.supervisor.duties.tasks import PRUNE_BATCH, PRUNE_POLL, Cron, Retention
 from django_dbworker.tasks import store as taskstore
+from django_dbworker.units.claimant import Claimant
 from tests.testapp import tasks
 from tests.testapp.models import Item
 

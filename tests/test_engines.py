@@ -21,7 +21,7 @@ from django_dbworker.models import Execution, State, TaskRecord
 from django_dbworker.outcomes import Finished
 from django_dbworker.registry import workers
 from django_dbworker.rows import pending, store
-from django_dbworker.rows.store import Claimant
+from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Item
 from tests.testapp.tasks import add
 

@@ -21,11 +21,11 @@ from django.db import DatabaseError, connection, transaction
 from django_dbworker.db import errors
 from django_dbworker.db.connections import opened_at
 from django_dbworker.models import TaskRecord, TaskStatus
-from django_dbworker.rows.store import Claimant
 from django_dbworker.supervisor import child, units
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.completions import Completions, Kept
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units.claimant import Claimant
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

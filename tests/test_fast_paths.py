@@ -20,6 +20,7 @@ from django_dbworker.rows import store
 from django_dbworker.supervisor.prefetch import Prefetch
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units.claimant import Claimant
 from tests.testapp import tasks
 from tests.testapp.models import Document, Effect, Item
 
@@ -38,9 +39,9 @@ def test_a_queryset_eligible_is_compiled_once_and_claims_the_same(monkeypatch):
     real = compiled.compile_query
     monkeypatch.setattr(compiled, "compile_query", lambda qs, using: (builds.append(1),
                                                                        real(qs, using))[1])
-    first = store.claim(loose, 1, store.Claimant(), 30)
-    second = store.claim(loose, 1, store.Claimant(), 30)
-    third = store.claim(loose, 1, store.Claimant(), 30)
+    first = store.claim(loose, 1, Claimant(), 30)
+    second = store.claim(loose, 1, Claimant(), 30)
+    third = store.claim(loose, 1, Claimant(), 30)
     assert len(builds) == 2, "compiled once, with two probes for the slot of now"
     assert [int(c.source_key) for c in first + second + third] == [i.pk for i in items]
 
@@ -52,8 +53,8 @@ def test_a_callable_eligible_is_compiled_for_every_claim(monkeypatch):
     real = compiled.compile_query
     monkeypatch.setattr(compiled, "compile_query", lambda qs, using: (builds.append(1),
                                                                        real(qs, using))[1])
-    store.claim(workers["touch"], 1, store.Claimant(), 30)
-    store.claim(workers["touch"], 1, store.Claimant(), 30)
+    store.claim(workers["touch"], 1, Claimant(), 30)
+    store.claim(workers["touch"], 1, Claimant(), 30)
     assert len(builds) == 2
 
 
@@ -62,9 +63,9 @@ def test_claims_of_a_compiled_query_respect_available_at():
     item = Item.objects.create(kind="loose")
     Execution.objects.filter(source_id=str(item.pk)).update(
         available_at=timezone.now() + timedelta(hours=1))
-    assert store.claim(workers["loose"], 5, store.Claimant(), 30) == []
+    assert store.claim(workers["loose"], 5, Claimant(), 30) == []
     Execution.objects.filter(source_id=str(item.pk)).update(available_at=timezone.now())
-    assert len(store.claim(workers["loose"], 5, store.Claimant(), 30)) == 1
+    assert len(store.claim(workers["loose"], 5, Claimant(), 30)) == 1
 
 
 # ----- source rows ------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def test_unclaim_puts_units_back_as_they_were_and_counts_nothing():
     assert run_until_idle(["touch"]) == {"finished": 2}
     store.reprocess(workers["touch"], [again.pk])  # FINISHED -> UNFINISHED, attempts 1
     newest = Item.objects.create()
-    claims = store.claim(workers["touch"], 10, store.Claimant(), 30)
+    claims = store.claim(workers["touch"], 10, Claimant(), 30)
     assert sorted(int(c.source_key) for c in claims) == [again.pk, newest.pk]
     assert store.unclaim(claims) == 2
     by_pk = {int(e.source_id): e for e in Execution.objects.filter(worker="touch")}
@@ -141,16 +142,16 @@ def test_unclaim_puts_units_back_as_they_were_and_counts_nothing():
 
 def test_unclaim_leaves_a_unit_another_claim_took_alone():
     Item.objects.create()
-    (old,) = store.claim(workers["touch"], 1, store.Claimant(), 30)
+    (old,) = store.claim(workers["touch"], 1, Claimant(), 30)
     store.unclaim([old])
-    (new,) = store.claim(workers["touch"], 1, store.Claimant(), 30)
+    (new,) = store.claim(workers["touch"], 1, Claimant(), 30)
     assert store.unclaim([old]) == 0
     assert Execution.objects.get(pk=new.execution_id).state == State.WORKING
 
 
 def test_task_unclaim_takes_back_the_attempt_and_worker_id():
     result = tasks.add.enqueue(1, 2)
-    (c,) = taskstore.claim(None, 1, store.Claimant(), 30)
+    (c,) = taskstore.claim(None, 1, Claimant(), 30)
     row = TaskRecord.objects.get(pk=result.id)
     assert (row.status, row.attempts, len(row.worker_ids)) == (TaskStatus.RUNNING, 1, 1)
     assert taskstore.unclaim([c]) == 1
@@ -223,7 +224,7 @@ def test_enqueue_many_of_thousands_in_a_statement_per_batch(django_assert_max_nu
 
 
 def test_task_claims_bring_the_row_as_get_reads_it():
-    from django_dbworker.rows.store import Claimant
+    from django_dbworker.units.claimant import Claimant
 
     tasks.add.using(priority=3).enqueue_many([((i,), {"b": [i, {"x": None}]}) for i in range(3)])
     claims = taskstore.claim(None, 3, Claimant(), 30)
@@ -242,7 +243,7 @@ def test_status_statements_do_not_wait_for_the_wal_flush_on_postgres(vendor, set
 
     tasks.add.enqueue_many([((i, i), {}) for i in range(4)])
     with CaptureQueriesContext(connection) as captured:
-        (one,) = taskstore.claim(None, 1, store.Claimant(), 30)
+        (one,) = taskstore.claim(None, 1, Claimant(), 30)
         assert taskstore.succeed(one, 2) == 1
     asynchronous = vendor == "postgresql"
     statements = [q["sql"] for q in captured.captured_queries if "UPDATE" in q["sql"]
@@ -256,7 +257,7 @@ def test_status_statements_do_not_wait_for_the_wal_flush_on_postgres(vendor, set
             assert cursor.fetchone() == ("on",)
     settings.DBWORKER = {**settings.DBWORKER, "ASYNC_COMMIT": False}
     with CaptureQueriesContext(connection) as captured:
-        (two,) = taskstore.claim(None, 1, store.Claimant(), 30)
+        (two,) = taskstore.claim(None, 1, Claimant(), 30)
         assert taskstore.succeed(two, 2) == 1
     assert not any("synchronous_commit" in q["sql"] for q in captured.captured_queries)
     assert TaskRecord.objects.filter(status=TaskStatus.SUCCESSFUL).count() == 2
@@ -400,7 +401,7 @@ def test_sqlite_claim_names_its_index_even_when_statistics_say_scan(vendor):
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
         now = timezone.now()
-        sql, params = store.claim_sql(workers_touch, 1, store.Claimant(), token=uuid.uuid4(),
+        sql, params = store.claim_sql(workers_touch, 1, Claimant(), token=uuid.uuid4(),
                                       now=now, expires=now)
         cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
         plan = [row[-1] for row in cursor.fetchall()]
@@ -425,7 +426,7 @@ def test_task_claims_walk_an_index_without_sorting(vendor, queues, indexes):
         if vendor == "mysql":
             cursor.fetchall()
     with CaptureQueriesContext(connection) as captured:
-        claimed = taskstore.claim(queues, 8, store.Claimant(), 30)
+        claimed = taskstore.claim(queues, 8, Claimant(), 30)
     assert [c.row(connection.alias).priority for c in claimed] == [7] * 8
     assert len(claimed) == 8
     # The statement that finds the candidates (Engine.claim): PostgreSQL's one statement,
@@ -473,7 +474,7 @@ def test_a_claim_of_one_queue_never_walks_past_another_queues_older_tasks(vendor
         if vendor == "mysql":
             cursor.fetchall()
     with CaptureQueriesContext(connection) as captured:
-        claimed = taskstore.claim(["default"], 100, store.Claimant(), 30, keyed=keyed)
+        claimed = taskstore.claim(["default"], 100, Claimant(), 30, keyed=keyed)
     assert len(claimed) == 100
     assert {c.row(connection.alias).queue_name for c in claimed} == {"default"}
     (sql,) = [q["sql"].rpartition("; ")[2] for q in captured.captured_queries
@@ -512,7 +513,7 @@ def test_a_completion_commits_without_the_wal_flush_only_after_no_write(vendor, 
 
     def synchronous_after(write: bool) -> str:
         item = Item.objects.create()
-        (c,) = [c for c in store.claim(workers["touch"], 5, store.Claimant(), 30)
+        (c,) = [c for c in store.claim(workers["touch"], 5, Claimant(), 30)
                 if c.source_key == str(item.pk)]
         with transaction.atomic():
             if write:

@@ -15,8 +15,8 @@ from django.utils import timezone
 from django_dbworker import conf
 from django_dbworker.db import notify
 from django_dbworker.models import TaskRecord
-from django_dbworker.rows.store import Claimant
 from django_dbworker.supervisor.taskwork import TaskWork
+from django_dbworker.units.claimant import Claimant
 from tests.conftest import round_trips
 from tests.testapp import tasks
 from tests.testapp.concurrency_tasks import conc_account

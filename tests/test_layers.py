@@ -24,7 +24,8 @@ LAYERS: dict[str, int] = {
     "djtasks": 1,
     # 2. the database layer and the models
     "db": 2, "models": 2,
-    # 3. what both kinds of unit share (``units/`` to come: the kernel lives in rows/store)
+    # 3. what both kinds of unit share: who claims, failures, the unit protocol, leases
+    "units": 3,
     # 4. declarations: no database
     "registry": 4, "tasks.registry": 4, "tasks.task": 4, "tasks.options": 4, "tasks.rates": 4,
     "tasks.retry": 4, "rows.keys": 4,

@@ -19,10 +19,11 @@ from django.db import connection
 from django_dbworker import workers
 from django_dbworker.models import Execution, State
 from django_dbworker.rows import store
-from django_dbworker.rows.store import Claimant, FailureInfo
 from django_dbworker.supervisor import child
 from django_dbworker.supervisor.supervisor import SESSION_ENDED
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units.claimant import Claimant
+from django_dbworker.units.failures import FailureInfo
 from tests.testapp.models import Effect, Item
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -22,9 +22,9 @@ from django_dbworker import conf, pause, paused, resume, workers
 from django_dbworker.exceptions import InvalidPause
 from django_dbworker.insight import health, snapshot
 from django_dbworker.models import Execution, Pause, State, Supervisor, TaskRecord, TaskStatus
-from django_dbworker.rows.store import Claimant
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units.claimant import Claimant
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Item

@@ -15,12 +15,13 @@ from django.utils import timezone
 from django_dbworker import conf
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
 from django_dbworker.rows import store
-from django_dbworker.rows.store import Claimant, FailureInfo
 from django_dbworker.supervisor import child, units
 from django_dbworker.tasks import registry as task_registry
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.completions import Completions, Kept
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units.claimant import Claimant
+from django_dbworker.units.failures import FailureInfo, recording
 from tests.testapp import tasks
 from tests.testapp.models import Effect, Item
 
@@ -192,7 +193,7 @@ def test_a_database_error_while_recording_fails_the_unit_with_a_fallback_record(
     real = taskstore.succeed_many
 
     def refuse(done):
-        with store.recording("its return value"):
+        with recording("its return value"):
             raise DataError("value refused\x00 by the database")
 
     monkeypatch.setattr(taskstore, "succeed_many", refuse)

@@ -16,7 +16,7 @@ from django_dbworker.db import prepared
 from django_dbworker.models import Execution, State
 from django_dbworker.rows import store
 from django_dbworker.rows.runner import run
-from django_dbworker.rows.store import Claimant
+from django_dbworker.units.claimant import Claimant
 from tests.conftest import queries_sent
 from tests.testapp.models import Effect, Solo
 

@@ -21,10 +21,10 @@ from django.utils import timezone
 from django_dbworker import workers
 from django_dbworker.models import Execution, State
 from django_dbworker.rows import store
-from django_dbworker.rows.store import Claimant
 from django_dbworker.supervisor.duties.base import FAILURE_LOG_INTERVAL, Periodic
 from django_dbworker.supervisor.duties.leases import Renewal
 from django_dbworker.supervisor.renewer import MAIN_THREAD_SIGNALS, RETRY_PAUSE, Renewer
+from django_dbworker.units.claimant import Claimant
 from tests.conftest import wait_for
 from tests.testapp.models import Effect, Item, Slow
 from tests.testapp.slow_sql import SLEPT

@@ -16,9 +16,10 @@ from django.test import override_settings
 from django_dbworker import cancel
 from django_dbworker.db import engine_for
 from django_dbworker.db.notify import ENDED, LONGEST_PAYLOAD, ended_payload
-from django_dbworker.rows.store import Claimant, FailureInfo
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks import waiting
+from django_dbworker.units.claimant import Claimant
+from django_dbworker.units.failures import FailureInfo
 from tests.test_result_wait import run_async
 from tests.testapp import tasks
 

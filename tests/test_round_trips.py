@@ -17,7 +17,7 @@ from django_dbworker.db import sources
 from django_dbworker.models import Execution, State, TaskRecord
 from django_dbworker.rows import store
 from django_dbworker.rows.runner import run
-from django_dbworker.rows.store import Claimant
+from django_dbworker.units.claimant import Claimant
 from tests.conftest import queries_sent, round_trips
 from tests.testapp import tasks
 from tests.testapp.models import Effect, Item, Solo, Tag

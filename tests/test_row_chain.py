@@ -18,8 +18,8 @@ from django_dbworker import ExecutionStatus, signals, workers
 from django_dbworker.db.engine import Begin
 from django_dbworker.models import Execution, State
 from django_dbworker.rows import chain, store
-from django_dbworker.rows.store import Claimant
 from django_dbworker.supervisor import units
+from django_dbworker.units.claimant import Claimant
 from tests.conftest import queries_sent, round_trips
 from tests.testapp.models import Effect, Solo
 

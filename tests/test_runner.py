@@ -10,10 +10,10 @@ from django_dbworker import ExecutionStatus, execution_status, workers
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
 from django_dbworker.rows import store
 from django_dbworker.rows.runner import run
-from django_dbworker.rows.store import Claimant
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.runner import run_task
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Effect, Item
 from tests.testapp.tasks import add
 

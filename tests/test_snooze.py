@@ -18,11 +18,12 @@ from django_dbworker.conf import MAX_DELAY
 from django_dbworker.djtasks import InvalidTask, TaskResultStatus, task_finished, task_started
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
 from django_dbworker.outcomes import RunOutcome
-from django_dbworker.rows.store import Claimant, lease_live
+from django_dbworker.rows.store import lease_live
 from django_dbworker.supervisor.progress import Progress
 from django_dbworker.tasks import snooze
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units.claimant import Claimant
 from tests.testapp import tasks
 from tests.testapp.models import Effect, Item
 

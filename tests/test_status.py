@@ -105,7 +105,7 @@ def test_char_primary_keys_claimed_in_eligible_order():
     for code in ["b", "c", "a"]:
         Tag.objects.create(code=code)
     from django_dbworker.rows import store
-    from django_dbworker.rows.store import Claimant
+    from django_dbworker.units.claimant import Claimant
 
     claims = store.claim(workers["tag"], 3, Claimant(), lease=30)
     assert sorted(c.source_key for c in claims) == ["a", "b", "c"]
@@ -116,7 +116,7 @@ def test_char_primary_keys_claimed_in_eligible_order():
 
 def test_claim_order_follows_eligible_ordering():
     from django_dbworker.rows import store
-    from django_dbworker.rows.store import Claimant
+    from django_dbworker.units.claimant import Claimant
 
     ranks = [5, 1, 9, 3]
     items = [Item.objects.create(kind="ranked", rank=r) for r in ranks]
@@ -136,7 +136,7 @@ def test_claim_order_follows_eligible_ordering():
 
 def test_pk_order_by_default_and_batches():
     from django_dbworker.rows import store
-    from django_dbworker.rows.store import Claimant
+    from django_dbworker.units.claimant import Claimant
 
     items = [Item.objects.create() for _ in range(5)]
     first = store.claim(workers["touch"], 3, Claimant(), lease=30)
@@ -191,8 +191,8 @@ def test_dependent_worker_sees_rows_written_without_save_at_once():
     Item.objects.bulk_create([Item() for _ in range(4)])
     assert run_until_idle(["touch", "after_touch"]) == {"finished": 8}
     from django_dbworker.rows import store
-    from django_dbworker.rows.store import Claimant
     from django_dbworker.rows.sweep import Sweeper
+    from django_dbworker.units.claimant import Claimant
 
     # and without any sweep: touch's completion makes the row pending for after_touch
     Item.objects.bulk_create([Item()])

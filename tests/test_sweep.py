@@ -14,8 +14,8 @@ from django.utils import timezone
 from django_dbworker import workers
 from django_dbworker.models import Execution, State, SweepState
 from django_dbworker.rows import keys, store
-from django_dbworker.rows.store import Claimant
 from django_dbworker.rows.sweep import FULL_SAVE_EVERY, GAP_WAIT, Sweeper
+from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Document, Item, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)

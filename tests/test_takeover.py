@@ -34,12 +34,12 @@ from django_dbworker.models import (
 )
 from django_dbworker.rows import store
 from django_dbworker.rows.runner import run
-from django_dbworker.rows.store import Claimant
 from django_dbworker.supervisor.duties.leases import Reaping, Renewal
 from django_dbworker.supervisor.heartbeat import MISSED_BEATS, Heartbeat, takes_over
 from django_dbworker.supervisor.renewer import Renewer
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.runner import run_task
+from django_dbworker.units.claimant import Claimant
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Effect, Item

@@ -161,8 +161,8 @@ def test_priority_queue_and_order():
     low = tasks.add.using(priority=-5).enqueue(1, 0)
     high = tasks.add.using(priority=50).enqueue(2, 0)
     mid = tasks.send_email.enqueue("a@example.com")
-    from django_dbworker.rows.store import Claimant
     from django_dbworker.tasks import store as taskstore
+    from django_dbworker.units.claimant import Claimant
 
     order = [c.task_id for c in taskstore.claim(None, 3, Claimant(), 30)]
     assert sorted(order) == sorted(TaskRecord.objects.values_list("pk", flat=True))
@@ -174,8 +174,8 @@ def test_priority_queue_and_order():
 
 
 def test_claim_order_is_priority_then_age():
-    from django_dbworker.rows.store import Claimant
     from django_dbworker.tasks import store as taskstore
+    from django_dbworker.units.claimant import Claimant
 
     first = tasks.add.enqueue(1, 1)
     high = tasks.add.using(priority=100).enqueue(2, 2)
@@ -187,8 +187,8 @@ def test_claim_order_is_priority_then_age():
 
 
 def test_a_batch_comes_back_in_claim_order():
-    from django_dbworker.rows.store import Claimant
     from django_dbworker.tasks import store as taskstore
+    from django_dbworker.units.claimant import Claimant
 
     made = [tasks.add.using(priority=p).enqueue(p, 0) for p in (0, 5, -3, 5, 90, 1)]
     by_priority = sorted(made, key=lambda r: -r.task.priority)  # stable: age among equals
@@ -198,8 +198,8 @@ def test_a_batch_comes_back_in_claim_order():
 
 def test_rate_limited_tasks_of_high_priority_are_not_starved_by_unlimited_ones():
     from django_dbworker.models import RateBucket
-    from django_dbworker.rows.store import Claimant
     from django_dbworker.tasks import store as taskstore
+    from django_dbworker.units.claimant import Claimant
 
     tasks.add.enqueue_many([((i, i), {}) for i in range(10)])  # priority 0, unlimited
     urgent = tasks.limited.using(priority=50).enqueue_many([((i,), {}) for i in range(3)])

@@ -21,10 +21,10 @@ from django.utils import timezone
 from django_dbworker.djtasks import InvalidTask, task, task_enqueued
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import TaskRecord, TaskStatus, TaskUniqueness
-from django_dbworker.rows.store import Claimant
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks import uniqueness
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units.claimant import Claimant
 from tests.conftest import ROOT
 from tests.testapp import tasks
 from tests.testapp.models import Effect
@@ -404,8 +404,8 @@ def test_one_task_from_8_threads_and_2_processes_at_once(holder, on_duplicate):
 
 def test_a_unique_task_with_a_concurrency_limit_keeps_both():
     from django_dbworker.models import ConcurrencySlot
-    from django_dbworker.rows.store import Claimant
     from django_dbworker.tasks import store as taskstore
+    from django_dbworker.units.claimant import Claimant
 
     first = tasks.unique_and_limited.enqueue("a", 1)
     again = tasks.unique_and_limited.enqueue("a", 1)

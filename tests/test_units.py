@@ -14,12 +14,14 @@ from django_dbworker import workers
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
 from django_dbworker.rows import store
 from django_dbworker.rows.runner import Result
-from django_dbworker.rows.store import Claim, Claimant, FailureInfo
+from django_dbworker.rows.store import Claim
 from django_dbworker.supervisor import units
 from django_dbworker.supervisor.units import KINDS, Unit
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.store import TaskClaim
 from django_dbworker.tasks.unit import is_task
+from django_dbworker.units.claimant import Claimant
+from django_dbworker.units.failures import FailureInfo
 from tests.testapp import tasks
 from tests.testapp.models import Item
 

@@ -32,7 +32,8 @@ from . import keys
 
 if TYPE_CHECKING:
     from ..registry import Worker
-    from .store import Claim, Claimant
+    from ..units.claimant import Claimant
+    from .store import Claim
 
 #: Reads of candidates one claim makes at most, each ``GROWTH`` times the one before.
 PAGES = 4

@@ -25,8 +25,9 @@ from ..outcomes import Finished, Result, RunOutcome, Snooze, Unfinished
 from ..registry import Worker, workers
 from ..supervisor import aio
 from ..tasks import retry
+from ..units.failures import FailureInfo, recording
 from . import chain, keys, pending, released, store
-from .store import Claim, FailureInfo
+from .store import Claim
 
 logger = logging.getLogger("django_dbworker")
 
@@ -268,14 +269,14 @@ def _record_failure(c: Claim, exc: BaseException, started: float) -> Result:
     message = f"{info.exception_class}: {info.message}"
     if retry.should_retry(worker, c.attempt, exc):  # @worker(retries=...)
         at = retry.at(timezone.now(), retry.delay(worker, c.attempt))
-        with store.recording("its failure"), transaction.atomic(using=using):
+        with recording("its failure"), transaction.atomic(using=using):
             if not store.retry_later(c, info, at):
                 return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
             pending.add_siblings(worker, c.source_key, using)
         _signal(signals.execution_failed, worker, c, error=_error(info), will_retry=True)
         return _result(c, RETRYING, started, message, level=logging.WARNING,
                        retry_at=at.isoformat())
-    with store.recording("its failure"), transaction.atomic(using=using):
+    with recording("its failure"), transaction.atomic(using=using):
         if not store.fail(c, info):
             return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
         pending.add_siblings(worker, c.source_key, using)

@@ -12,13 +12,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from ..logs import log_event
+from ..units.failures import safe_message
 
 if TYPE_CHECKING:
     import uuid
 
     from ..outcomes import Result, RunOutcome
     from ..tasks.completions import Kept
-    from .store import Claim, Claimant, FailureInfo
+    from ..units.claimant import Claimant
+    from ..units.failures import FailureInfo
+    from .store import Claim
 
 
 class Executions:
@@ -106,7 +109,7 @@ class RowUnit:
                                      conf.get().DATABASE)
             except Exception as exc:
                 log_event(logging.WARNING, "siblings_not_marked", **self.describe(),
-                          error=f"{type(exc).__name__}: {store.safe_message(exc)}"[:300])
+                          error=f"{type(exc).__name__}: {safe_message(exc)}"[:300])
         return failed
 
     def release(self, *, crashed: FailureInfo | None, max_crashes: int) -> int:

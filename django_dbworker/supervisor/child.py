@@ -21,8 +21,8 @@ from ..db import errors
 from ..db.connections import connected, opened_at, own_process
 from ..logs import log_event
 from ..outcomes import RunOutcome
-from ..rows.store import class_path, safe_message
 from ..tasks.completions import Completions, Kept
+from ..units.failures import class_path, safe_message
 from . import aio, trace, units
 from .handoff import Handoff
 

@@ -29,7 +29,8 @@ from django.utils import timezone
 from .. import conf
 from ..db import engine
 from ..models import Supervisor, database_now
-from ..rows.store import Claimant, sanitise
+from ..units.claimant import Claimant
+from ..units.failures import sanitise
 from . import units
 
 #: Rows of supervisors gone longer than this are deleted when another one starts.

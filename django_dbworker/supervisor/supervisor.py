@@ -24,8 +24,9 @@ from ..logs import log_event, logger
 from ..outcomes import RunOutcome
 from ..registry import Worker
 from ..rows import store, triggers
-from ..rows.store import Claimant, FailureInfo
 from ..rows.sweep import Sweeper
+from ..units.claimant import Claimant
+from ..units.failures import FailureInfo
 from . import aio, pool, trace, units
 from .caps import Caps
 from .duties.base import Duties

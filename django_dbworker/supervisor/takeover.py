@@ -43,8 +43,8 @@ from django.db.models import Q
 from .. import conf
 from ..models import Supervisor, database_now
 from ..rows import store
-from ..rows.store import FailureInfo
 from ..tasks import store as taskstore
+from ..units.failures import FailureInfo
 
 LEASE_LOST = "django_dbworker.exceptions.LeaseLost"
 

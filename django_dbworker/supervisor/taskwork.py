@@ -15,7 +15,6 @@ from ..insight.names import configured_queues
 from ..logs import log_event
 from ..models import TaskStatus
 from ..pausing import ANNOUNCEMENT as PAUSES
-from ..rows.store import Claimant, FailureInfo
 from ..scheduling import Scheduler, schedules
 from ..tasks import byqueue
 from ..tasks import registry as task_registry
@@ -24,6 +23,8 @@ from ..tasks.concurrency import Seen
 from ..tasks.store import TaskClaim
 from ..tasks.stored_schedules import StoredSource
 from ..tasks.unit import is_task
+from ..units.claimant import Claimant
+from ..units.failures import FailureInfo
 from . import aio
 from .duties.base import Duty, Every
 from .duties.tasks import Cron, Retention, TaskStops

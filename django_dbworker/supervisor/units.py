@@ -21,10 +21,11 @@ from django.db import DatabaseError
 from ..db import errors
 from ..logs import log_event, logger
 from ..rows import chain, store
-from ..rows.store import Claimant, FailureInfo
 from ..rows.unit import EXECUTIONS
 from ..tasks import store as taskstore
 from ..tasks.unit import TASKS
+from ..units.claimant import Claimant
+from ..units.failures import FailureInfo, class_path, format_traceback, safe_message
 
 if TYPE_CHECKING:
     from ..outcomes import Result, RunOutcome
@@ -159,13 +160,13 @@ def fallback(c: Unit, exc: BaseException) -> FailureInfo:
     if isinstance(exc, DatabaseError):
         doing = f"recording {what}" if what else "recording its outcome"
         message = (f"the database refused {doing} with {type(exc).__name__}: "
-                   f"{store.safe_message(exc)}; the {kind} is marked FAILED without the "
+                   f"{safe_message(exc)}; the {kind} is marked FAILED without the "
                    "value it refused (make the value storable: e.g. strip NUL characters) "
                    "instead of being retried as a database error")
     else:
         message = (f"{type(exc).__name__} raised outside the handler, while running or "
-                   f"recording this {kind}: {store.safe_message(exc)}")
-    return FailureInfo(store.class_path(exc), message[:10_000], store.format_traceback(exc))
+                   f"recording this {kind}: {safe_message(exc)}")
+    return FailureInfo(class_path(exc), message[:10_000], format_traceback(exc))
 
 
 def release(c: Unit, *, crashed: FailureInfo | None, max_crashes: int) -> int:

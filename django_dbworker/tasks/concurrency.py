@@ -43,7 +43,7 @@ from .. import conf
 from ..db import compiled, engine
 from ..exceptions import InvalidTaskArguments
 from ..models import ANY_QUEUE_GUARD, ConcurrencySlot, TaskRecord
-from ..rows.store import Claimant
+from ..units.claimant import Claimant
 from . import registry
 from .options import MAX_KEY_LENGTH, bad_key
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from .. import conf, progress
 from ..models import TaskDependency, TaskRecord, TaskStatus
-from ..rows.store import Claimant
+from ..units.claimant import Claimant
 from . import store as taskstore
 
 #: Most attempts one enqueue runs in the caller (a task with retries=1_000_000 that always

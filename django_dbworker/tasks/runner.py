@@ -28,8 +28,8 @@ from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..logs import log_event
 from ..models import TaskStatus
 from ..outcomes import Result, RunOutcome, Snooze
-from ..rows.store import FailureInfo, class_path, format_traceback, recording, safe_message
 from ..supervisor import aio
+from ..units.failures import FailureInfo, class_path, format_traceback, recording, safe_message
 from . import registry as task_registry
 from . import retry, snooze
 from . import store as taskstore

@@ -54,7 +54,9 @@ from ..models import (
     Transition,
 )
 from ..rows import keys
-from ..rows.store import Claimant, FailureInfo, by_tokens, lease_live, one_statement
+from ..rows.store import lease_live, one_statement
+from ..units.claimant import Claimant, by_tokens
+from ..units.failures import FailureInfo, too_many_crashes
 from . import newtasks
 from .unit import TaskUnit
 
@@ -505,8 +507,6 @@ def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> i
         if crashed is None:
             return qs.update(status=TaskStatus.READY, **back)
         if qs.filter(crashes__gte=max_crashes - 1).update(crashes=F("crashes") + 1):
-            from ..rows.store import too_many_crashes  # counted, as a row's last crash is
-
             return fail_attempt(c, too_many_crashes(crashed, max_crashes), retry_at=None)
         row = qs.select_for_update().values("errors").first()
         if row is None:

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     import uuid
 
     from ..outcomes import Result, RunOutcome
-    from ..rows.store import Claimant, FailureInfo
     from ..supervisor.units import Unit
+    from ..units.claimant import Claimant
+    from ..units.failures import FailureInfo
     from .completions import Kept
     from .store import TaskClaim
 

@@ -141,8 +141,8 @@ def cancel(row: Workflow) -> dict[str, int]:
 
 
 def _cancel_not_started(row: Workflow, using: str, now: datetime) -> int:
-    from ..rows.store import FailureInfo
     from ..tasks.store import error_entry, kept_errors
+    from ..units.failures import FailureInfo
     from .release import resolve
 
     info = FailureInfo(CANCELLED_CLASS, "the workflow was cancelled before the task ran")

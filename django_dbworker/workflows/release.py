@@ -34,7 +34,7 @@ from ..models import (
     TaskRecord,
     TaskStatus,
 )
-from ..rows.store import FailureInfo
+from ..units.failures import FailureInfo
 
 FAILED_CLASS = "django_dbworker.exceptions.DependencyFailed"
 #: Ids per statement (an IN list).

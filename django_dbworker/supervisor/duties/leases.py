@@ -9,7 +9,8 @@ from typing import Protocol
 from django.db import DatabaseError
 
 from ...logs import log_event
-from ...rows.store import Claimant, FailureInfo
+from ...units.claimant import Claimant
+from ...units.failures import FailureInfo
 from .. import takeover, units
 from ..units import Unit
 from .base import Every, Periodic

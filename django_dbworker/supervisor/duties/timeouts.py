@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...logs import log_event
-from ...rows.store import FailureInfo
+from ...units.failures import FailureInfo
 from .. import aio
 from .base import Periodic
 
