@@ -12,7 +12,7 @@ measured, both with 1,000 units waiting:
 Each for a pk-ordered worker (``by_pk``) and a worker ordered by another indexed column
 (``by_priority``), claiming 1 and 10 units at a time. Two figures per case, in µs:
 
-- ``claim``: the whole ``store.claim()`` call as the supervisor makes it (build and compile
+- ``claim``: the whole ``planner.claim()`` call as the supervisor makes it (build and compile
   the query, the claim's statements (``Engine.claim``), COMMIT). The claimed units are then
   put back (not timed), so every repetition sees the same table.
 - ``statement``: only the statement that finds the candidates, on the database (execute +
@@ -165,15 +165,15 @@ def time_alternately(timer: Any, worker_name: str, limit: int, aliases: dict[str
 
 
 def time_claim(worker_name: str, limit: int, alias: str) -> int:
-    """Nanoseconds of one whole ``store.claim()`` call; the claim is put back afterwards."""
-    from django_dbworker.registry import workers
-    from django_dbworker.rows import store
+    """Nanoseconds of one whole ``planner.claim()`` call; the claim is put back afterwards."""
+    from django_dbworker.rows import planner
+    from django_dbworker.rows.registry import workers
     from django_dbworker.units.claimant import Claimant
 
     benchlib.use_database(alias)
     claimant = Claimant(pid=os.getpid())
     started = time.perf_counter_ns()
-    claims = store.claim(workers[worker_name], limit, claimant, LEASE)
+    claims = planner.claim(workers[worker_name], limit, claimant, LEASE)
     elapsed = time.perf_counter_ns() - started
     if len(claims) != limit:
         raise RuntimeError(f"claimed {len(claims)} units of {worker_name}, not {limit}")
@@ -195,12 +195,12 @@ def put_back(execution_ids: list[int], alias: str) -> None:
 
 
 def statement(worker_name: str, limit: int, alias: str) -> tuple[str, list[Any]]:
-    """The first (PostgreSQL: the only) statement ``store.claim()`` would send now (call
+    """The first (PostgreSQL: the only) statement ``planner.claim()`` would send now (call
     inside a transaction): the one that finds the candidates."""
     from django.utils import timezone
 
-    from django_dbworker.registry import workers
     from django_dbworker.rows import store
+    from django_dbworker.rows.registry import workers
     from django_dbworker.units.claimant import Claimant
 
     benchlib.use_database(alias)

@@ -215,8 +215,8 @@ def fill(feed: str, rows: int) -> None:
     from benchapp.models import Feed
     from django.db import connections, transaction
 
-    from django_dbworker.registry import workers
     from django_dbworker.rows import pending
+    from django_dbworker.rows.registry import workers
 
     if feed == "save":
         with transaction.atomic():

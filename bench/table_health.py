@@ -12,11 +12,11 @@ each kind go through the real code paths, the two kinds interleaved batch by bat
 live system that runs both:
 
 - tasks: ``benchapp.tasks.noop.enqueue_many`` in batches of ``--enqueue-batch`` (10,000),
-  ``taskstore.claim(None, --claim-batch, ...)`` (all queues, as a ``runworkers`` without
+  ``taskplanner.claim(None, --claim-batch, ...)`` (all queues, as a ``runworkers`` without
   ``--queue``), then ``taskstore.succeed`` for each claimed task;
 - rows: ``benchapp.Job`` rows and their PENDING executions of the ``noop`` worker inserted
   in bulk (``INSERT ... SELECT``, as claim_cost.py and throughput.py load them), in batches
-  of ``--enqueue-batch``; ``store.claim(noop, --claim-batch, ...)``; then
+  of ``--enqueue-batch``; ``planner.claim(noop, --claim-batch, ...)``; then
   ``store.complete(claim, Finished())`` for each claimed unit.
 
 Completion: ``succeed()`` / ``complete()`` are called for every job, but under a
@@ -376,9 +376,9 @@ class Tasks(Kind):
         return {"all queues": None, "queue default": ["default"]}
 
     def _claim(self, limit: int, variant: Any) -> list[Any]:
-        from django_dbworker.tasks import store as taskstore
+        from django_dbworker.tasks import planner as taskplanner
 
-        return taskstore.claim(variant, limit, self.claimant, LEASE)
+        return taskplanner.claim(variant, limit, self.claimant, LEASE)
 
     def _complete(self, c: Any) -> None:
         from django_dbworker.tasks import store as taskstore
@@ -397,7 +397,7 @@ class Rows(Kind):
 
     def __init__(self, args: argparse.Namespace, claimant: Any) -> None:
         super().__init__(args, claimant)
-        from django_dbworker.registry import workers
+        from django_dbworker.rows.registry import workers
 
         self.worker = workers[WORKER]
 
@@ -425,9 +425,9 @@ class Rows(Kind):
         return {f"worker {WORKER}": self.worker}
 
     def _claim(self, limit: int, variant: Any) -> list[Any]:
-        from django_dbworker.rows import store
+        from django_dbworker.rows import planner
 
-        return store.claim(self.worker, limit, self.claimant, LEASE)
+        return planner.claim(self.worker, limit, self.claimant, LEASE)
 
     def _complete(self, c: Any) -> None:
         from django_dbworker.outcomes import Finished

@@ -362,13 +362,13 @@ def alternately(limit: int, aliases: dict[str, str],
 def time_claim(limit: int, alias: str) -> int:
     """Nanoseconds of one ``claim()`` of every queue, as the supervisor makes it; the
     claimed tasks are given back afterwards (not timed)."""
-    from django_dbworker.tasks import store
+    from django_dbworker.tasks import planner, store
     from django_dbworker.units.claimant import Claimant
 
     benchlib.use_database(alias)
     claimant = Claimant(pid=os.getpid())
     started = time.perf_counter_ns()
-    claims = store.claim(None, limit, claimant, LEASE)
+    claims = planner.claim(None, limit, claimant, LEASE)
     elapsed = time.perf_counter_ns() - started
     if len(claims) != limit:
         raise RuntimeError(f"claimed {len(claims)} tasks, not {limit}")

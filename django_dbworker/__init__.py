@@ -37,12 +37,12 @@ if TYPE_CHECKING:
     from .djtasks import task
     from .models import ExecutionStatus
     from .pausing import pause, paused, resume
-    from .progress import set_progress
-    from .registry import worker, workers
+    from .rows.registry import worker, workers
     from .rows.status import execution_status, has_execution_status
-    from .scheduling import cron
     from .supervisor.embedding import start
+    from .tasks.schedules import cron
     from .tasks.store import cancel
+    from .units.progress import set_progress
     from .workflows.builder import chain, group
     from .workflows.results import dependency_results
     from .workflows.rows import after_row
@@ -52,17 +52,17 @@ _LAZY = {
     "cancel": ("tasks.store", "cancel"),
     "chain": ("workflows.builder", "chain"),
     "group": ("workflows.builder", "group"),
-    "cron": ("scheduling", "cron"),
+    "cron": ("tasks.schedules", "cron"),
     "dependency_results": ("workflows.results", "dependency_results"),
-    "set_progress": ("progress", "set_progress"),
+    "set_progress": ("units.progress", "set_progress"),
     "start": ("supervisor.embedding", "start"),
     "task": ("djtasks", "task"),
     "pause": ("pausing", "pause"),
     "paused": ("pausing", "paused"),
     "resume": ("pausing", "resume"),
     "ExecutionStatus": ("models", "ExecutionStatus"),
-    "worker": ("registry", "worker"),
-    "workers": ("registry", "workers"),
+    "worker": ("rows.registry", "worker"),
+    "workers": ("rows.registry", "workers"),
     "execution_status": ("rows.status", "execution_status"),
     "has_execution_status": ("rows.status", "has_execution_status"),
     "after_row": ("workflows.rows", "after_row"),

@@ -12,7 +12,7 @@ from django.db.models import CompositePrimaryKey
 
 from . import conf
 from .db import ENGINES, engine_for, pooler
-from .registry import MAX_KEY_LENGTH, key_too_long, workers
+from .rows.registry import MAX_KEY_LENGTH, key_too_long, workers
 
 
 def in_memory_sqlite(alias: str) -> bool:
@@ -91,7 +91,7 @@ def check_workers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 @register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from .scheduling import schedules
+    from .tasks.schedules import schedules
 
     try:
         schedules()

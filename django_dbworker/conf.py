@@ -72,7 +72,7 @@ class Config:
     #: free children only). See supervisor/prefetch.py.
     PREFETCH: int = 32
     #: Async units (``async def`` tasks and non-transactional row handlers) a child runs
-    #: at once on its event loop; 1: one at a time. See supervisor/aio.py.
+    #: at once on its event loop; 1: one at a time. See units/aio.py.
     ASYNC_CONCURRENCY: int = 10
     #: Units a child runs before it is replaced (``None``: never replaced).
     MAX_TASKS_PER_CHILD: int | None = None

@@ -668,7 +668,7 @@ class Pause(models.Model):
 
 class StoredSchedule(models.Model):
     """A cron schedule kept in the database and edited at runtime (admin, CLI), beside
-    those declared in code (``@cron``, ``DBWORKER["SCHEDULES"]``); see scheduling.py."""
+    those declared in code (``@cron``, ``DBWORKER["SCHEDULES"]``); see tasks/schedules.py."""
 
     name = models.CharField(max_length=60, unique=True)
     task_path = models.CharField(max_length=255)

@@ -19,6 +19,8 @@ from . import conf
 from .db.notify import announce
 from .exceptions import InvalidPause
 from .models import Pause, PauseKind
+from .rows.registry import workers
+from .tasks.names import configured_queues
 
 #: The payload that tells listening supervisors to read the pauses again.
 ANNOUNCEMENT = "pause"
@@ -49,14 +51,10 @@ class PauseInfo:
 
 def known_queues() -> list[str]:
     """The queues of the configured DBWorkerBackends (``QUEUES``; only "default" without)."""
-    from .insight.names import configured_queues
-
     return configured_queues()
 
 
 def known_workers() -> list[str]:
-    from .registry import workers
-
     return sorted(workers)
 
 

@@ -13,15 +13,16 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import conf, progress
+from . import conf
 from .djtasks import Task, TaskResult, task_enqueued
-from .registry import Worker, workers
-from .rows import store
+from .rows import planner
+from .rows.registry import Worker, workers
 from .rows.sweep import Sweeper
 from .supervisor import units
 from .supervisor.pauses import Pauses
 from .tasks import concurrency
-from .tasks import store as taskstore
+from .tasks import planner as taskplanner
+from .units import progress
 from .units.claimant import Claimant
 from .workflows.rows import release_ended_rows
 
@@ -59,9 +60,9 @@ def run_until_idle(
         claims: list = []
         for worker in selected:
             if worker.name not in pauses.workers:
-                claims += store.claim(worker, 1, claimant, config.LEASE_SECONDS)
+                claims += planner.claim(worker, 1, claimant, config.LEASE_SECONDS)
         if run_tasks:
-            claims += taskstore.claim(None, 1, claimant, config.LEASE_SECONDS,
+            claims += taskplanner.claim(None, 1, claimant, config.LEASE_SECONDS,
                                       exclude_queues=pauses.queues, keyed=keyed)
         if not claims:
             # Rows written without save() that became eligible meanwhile (say, through
@@ -195,7 +196,8 @@ class Schedules:
     MAX_TICKS = 100_000
 
     def __init__(self) -> None:
-        from .scheduling import Scheduler, schedules
+        from .tasks.scheduler import Scheduler
+        from .tasks.schedules import schedules
         from .tasks.stored_schedules import StoredSource
 
         self._last = timezone.now()

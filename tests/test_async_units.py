@@ -1,4 +1,4 @@
-"""Async units run beside each other in a child (``supervisor/aio.py``), with real
+"""Async units run beside each other in a child (``units/aio.py``), with real
 runworkers processes: the gain, the bound, failures and retries, timeouts, progress,
 graceful stop, and the rule for transactional row handlers (one at a time, in their
 transaction)."""
@@ -13,7 +13,7 @@ import django_dbworker
 from django_dbworker import ExecutionStatus, execution_status
 from django_dbworker.djtasks import TaskResultStatus, default_task_backend
 from django_dbworker.models import Supervisor, TaskRecord, TaskStatus
-from django_dbworker.registry import workers
+from django_dbworker.rows.registry import workers
 from tests.conftest import wait_for
 from tests.testapp import async_units
 from tests.testapp.models import Effect, Item
@@ -335,7 +335,7 @@ def test_on_the_loop_a_timeout_a_cancel_and_the_coroutines_own_timeout_error(loo
     import asyncio
 
     from django_dbworker.exceptions import HandlerTimeout, TaskCancelled, TaskTimeout
-    from django_dbworker.supervisor import aio
+    from django_dbworker.units import aio
 
     async def value(v, wait=0.0):
         await asyncio.sleep(wait)

@@ -17,6 +17,7 @@ from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.supervisor.handoff import Handoff
 from django_dbworker.supervisor.prefetch import Prefetch
 from django_dbworker.tasks import completions
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.completions import Completions, Kept
 from django_dbworker.units.claimant import Claimant
@@ -123,7 +124,7 @@ def test_a_slow_claim_tops_children_up_sooner_and_keeps_more_waiting():
 
 def claimed(n: int) -> list[taskstore.TaskClaim]:
     tasks.add.enqueue_many([((i, i), {}) for i in range(n)])
-    return taskstore.claim(None, n, Claimant(), 30)
+    return taskplanner.claim(None, n, Claimant(), 30)
 
 
 def test_succeed_many_records_each_live_claim_and_only_those():
@@ -352,7 +353,7 @@ def test_a_supervisor_that_knows_limited_work_keeps_no_claims_ahead_for_slow_cla
     from types import SimpleNamespace
 
     from django_dbworker import conf
-    from django_dbworker.registry import workers
+    from django_dbworker.rows.registry import workers
     from django_dbworker.supervisor.supervisor import Options, Supervisor
     from django_dbworker.tasks import registry as task_registry
 

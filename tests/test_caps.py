@@ -12,20 +12,20 @@ import pytest
 from django.utils import timezone
 
 from django_dbworker.models import Execution, State
-from django_dbworker.registry import workers
-from django_dbworker.rows.store import Claim
+from django_dbworker.rows.registry import workers
+from django_dbworker.rows.unit import RowUnit
 from django_dbworker.supervisor.caps import Caps
-from django_dbworker.tasks.store import TaskClaim
+from django_dbworker.tasks.unit import TaskUnit
 from tests.testapp.models import Effect, Item
 
 
-def unit(worker: str, n: int) -> Claim:
-    return Claim(n, worker, str(n), uuid.uuid4(), 1, timezone.now())
+def unit(worker: str, n: int) -> RowUnit:
+    return RowUnit(n, worker, str(n), uuid.uuid4(), 1, timezone.now())
 
 
-def task(n: int) -> TaskClaim:
+def task(n: int) -> TaskUnit:
     now = timezone.now()
-    return TaskClaim(uuid.uuid4(), "tests.testapp.tasks.noop", uuid.uuid4(), 1, now, now)
+    return TaskUnit(uuid.uuid4(), "tests.testapp.tasks.noop", uuid.uuid4(), 1, now, now)
 
 
 def child(slot: int, *held) -> SimpleNamespace:

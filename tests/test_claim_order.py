@@ -8,9 +8,9 @@ import pytest
 from django.utils import timezone
 
 from django_dbworker.models import Execution
-from django_dbworker.registry import workers
-from django_dbworker.rows import store
-from django_dbworker.tasks import store as taskstore
+from django_dbworker.rows import planner
+from django_dbworker.rows.registry import workers
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Effect, Ranked
 from tests.testapp.tasks import add
@@ -40,7 +40,7 @@ def load(how: str) -> list[Ranked]:
 def test_a_batch_claim_comes_back_in_eligibles_order(worker, limit):
     rows = load("save")
     claimed: list[int] = []
-    while batch := store.claim(workers[worker], limit, Claimant(), 30):
+    while batch := planner.claim(workers[worker], limit, Claimant(), 30):
         claimed += [int(c.source_key) for c in batch]
     assert claimed == expected(rows, worker)
 
@@ -49,7 +49,7 @@ def test_a_batch_of_tasks_comes_back_in_priority_order_ties_in_enqueue_order():
     results = []
     for i, priority in enumerate([0, 10, -5, 10, 0, 50, -5, 10]):
         results.append((priority, i, add.using(priority=priority).enqueue(i, i).id))
-    claims = taskstore.claim(None, 20, Claimant(), 30)
+    claims = taskplanner.claim(None, 20, Claimant(), 30)
     order = {str(task_id): (priority, i) for priority, i, task_id in results}
     got = [order[str(c.task_id)] for c in claims]
     # higher priority first; the same priority in the order they became available

@@ -1,7 +1,7 @@
 """The claim statement goes through the claim index, however long the history.
 
 The table is realistic: 20,000 source rows, each with an execution, 99% of them FINISHED.
-We ask the database how it would run the exact statement ``store.claim()`` sends (plain
+We ask the database how it would run the exact statement ``planner.claim()`` sends (plain
 ``EXPLAIN``: nothing is executed) and check that it finds its candidates in the partial
 index ``dbworker_execution_claimable``, scans no table (source rows are fetched by primary
 key, one candidate at a time), and, for the pk-ordered worker, walks the index in claim
@@ -36,8 +36,8 @@ from django.utils import timezone
 from django_dbworker.db import engine
 from django_dbworker.models import Execution, State
 from django_dbworker.outcomes import Finished
-from django_dbworker.registry import workers
-from django_dbworker.rows import pending, store
+from django_dbworker.rows import pending, planner, store
+from django_dbworker.rows.registry import workers
 from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Item
 
@@ -135,7 +135,7 @@ def forget_statistics() -> None:
 
 
 def claim_statement(worker_name: str, limit: int) -> tuple[str, list[Any]]:
-    """The statement ``store.claim()`` would send now, with its parameters."""
+    """The statement ``planner.claim()`` would send now, with its parameters."""
     now = timezone.now()
     with transaction.atomic():  # the candidate subquery is SELECT ... FOR UPDATE
         return store.claim_sql(workers[worker_name], limit, Claimant(),
@@ -239,7 +239,7 @@ def test_pk_ordered_claim_walks_the_claim_index_in_order(history, limit):
     else:
         assert not any("TEMP B-TREE" in line for line in plan), describe(plan)
 
-    claims = store.claim(workers["touch"], limit, Claimant(), 30)
+    claims = planner.claim(workers["touch"], limit, Claimant(), 30)
     expected = sorted(history["touch"])[:limit]
     assert sorted(int(c.source_key) for c in claims) == expected
 
@@ -254,7 +254,7 @@ def test_claim_in_another_order_reads_only_the_claim_index(history, limit):
         ((scan, _),) = claim_index_scans(plan)
         assert scan["Plan Rows"] <= 10 * (NEWEST_PENDING + SCATTERED_PENDING), describe(plan)
 
-    claims = store.claim(workers["ranked"], limit, Claimant(), 30)
+    claims = planner.claim(workers["ranked"], limit, Claimant(), 30)
     ranks = dict(Item.objects.filter(pk__in=history["ranked"]).values_list("pk", "rank"))
     by_rank = sorted(ranks, key=lambda pk: (-ranks[pk], pk))
     assert {int(c.source_key) for c in claims} == set(by_rank[:limit])
@@ -346,7 +346,7 @@ def test_fresh_table_claim_half_drained(fresh_units):
     claimant = Claimant()
     done = 0
     while done < FRESH // 2:
-        for c in store.claim(workers["touch"], 50, claimant, 30):
+        for c in planner.claim(workers["touch"], 50, claimant, 30):
             assert store.complete(c, Finished()) == 1
             done += 1
     plan = explain("touch", 33)
@@ -356,7 +356,7 @@ def test_fresh_table_claim_half_drained(fresh_units):
         assert buffers <= 40 + 20 * 33, (buffers, describe(analyzed))
     elif connection.vendor == "mysql":
         assert rows_read(33) <= 10 + 5 * 33
-    claims = store.claim(workers["touch"], 33, claimant, 30)
+    claims = planner.claim(workers["touch"], 33, claimant, 30)
     assert [int(c.source_key) for c in claims] == fresh_units[done:done + 33]
 
 

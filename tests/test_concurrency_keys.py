@@ -15,8 +15,10 @@ from django_dbworker.djtasks import InvalidTask, task
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import ConcurrencySlot, TaskRecord, TaskStatus
 from django_dbworker.tasks import concurrency
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.testing import run_until_idle
+from django_dbworker.units import slots
 from django_dbworker.units.claimant import Claimant
 from django_dbworker.units.failures import FailureInfo
 from tests.conftest import wait_for
@@ -29,7 +31,7 @@ ACCOUNT = ct.conc_account.module_path
 
 
 def claim(room: int, claimant: Claimant | None = None, **kwargs):
-    return taskstore.claim(None, room, claimant or Claimant(), 30, keyed=True, **kwargs)
+    return taskplanner.claim(None, room, claimant or Claimant(), 30, keyed=True, **kwargs)
 
 
 def keys_of(claims) -> list[str | None]:
@@ -142,7 +144,7 @@ def test_tasks_read_without_a_lock_are_claimed_only_while_they_wait_and_nobody_h
     from django.db import connections, transaction
 
     ids = {r.id for r in tasks.add.enqueue_many([((i, i), {}) for i in range(3)])}
-    (first,) = taskstore.claim(None, 1, Claimant(), 30)  # ties: in index order
+    (first,) = taskplanner.claim(None, 1, Claimant(), 30)  # ties: in index order
     taken = str(first.task_id)
     locked, free = sorted(ids - {taken})
     holding, release = threading.Event(), threading.Event()
@@ -177,7 +179,7 @@ def test_tasks_read_without_a_lock_are_claimed_only_while_they_wait_and_nobody_h
 def test_the_plain_claim_leaves_keyed_tasks_to_the_keyed_one():
     ct.conc_account.enqueue_many([((1, i), {}) for i in range(3)])
     plain = tasks.add.enqueue(1, 1)
-    got = taskstore.claim(None, 10, Claimant(), 30)
+    got = taskplanner.claim(None, 10, Claimant(), 30)
     assert [str(c.task_id) for c in got] == [plain.id]
     assert TaskRecord.objects.filter(status=TaskStatus.READY).count() == 3
 
@@ -214,7 +216,7 @@ def test_each_row_is_held_to_its_own_limit_when_tasks_share_a_key():
 def test_rate_limits_and_concurrency_limits_together():
     ct.conc_rated.enqueue_many([((a, i), {}) for i in range(4) for a in (1, 2)])
     tasks.add.enqueue_many([((i, i), {}) for i in range(2)])
-    got = taskstore.claim_limited(None, 10, Claimant(), 30, global_limit=None,
+    got = taskplanner.claim_limited(None, 10, Claimant(), 30, global_limit=None,
                                   limits={ct.conc_rated.module_path: "1000/s"}, keyed=True)
     assert counts(got) == {"account-1": 2, "account-2": 2, None: 2}
 
@@ -465,10 +467,10 @@ def test_compiled_slot_and_count_statements_serve_any_keys_of_their_number():
 
     ConcurrencySlot.objects.bulk_create([ConcurrencySlot(key=k) for k in "abcd"])
     using = connection.alias
-    assert concurrency._by_keys(using, "test-slots", ["a", "b"], build) == [("a",), ("b",)]
-    assert concurrency._by_keys(using, "test-slots", ["c", "d"], build) == [("c",), ("d",)]
+    assert slots.by_keys(using, "test-slots", ["a", "b"], build) == [("a",), ("b",)]
+    assert slots.by_keys(using, "test-slots", ["c", "d"], build) == [("c",), ("d",)]
     assert len(seen) == 1, "compiled once for two keys"
-    assert concurrency._by_keys(using, "test-slots", ["a", "b", "x"], build) == [
+    assert slots.by_keys(using, "test-slots", ["a", "b", "x"], build) == [
         ("a",), ("b",)]
     assert len(seen) == 2, "and once for three"
 
@@ -476,7 +478,7 @@ def test_compiled_slot_and_count_statements_serve_any_keys_of_their_number():
         return ConcurrencySlot.objects.filter(key__in=keys).exclude(key="b").values_list("key")
 
     for keys in (["a", "b"], ["c", "x"]):
-        assert concurrency._by_keys(using, "test-other", keys, other) == [
+        assert slots.by_keys(using, "test-other", keys, other) == [
             (k,) for k in keys if k not in ("b", "x")]
 
 
@@ -489,7 +491,7 @@ def test_compiled_slot_and_count_statements_serve_any_keys_of_their_number():
 @pytest.fixture
 def row_worker():
     from django_dbworker import Finished
-    from django_dbworker.registry import worker, workers
+    from django_dbworker.rows.registry import worker, workers
     from django_dbworker.rows.sweep import Sweeper
 
     def conc_rows_inline(item):
@@ -517,26 +519,27 @@ def row_keys(claims) -> dict[str, int]:
 @pytest_db
 def test_a_row_workers_key_never_works_more_than_its_limit(row_worker):
     from django_dbworker import Finished
+    from django_dbworker.rows import planner
     from django_dbworker.rows import store as rowstore
 
     row_worker.add(["a"] * 60 + ["b"] * 3 + ["c"] * 3)  # "a" first in eligible's order
-    first = rowstore.claim(row_worker, 10, Claimant(), 30)
+    first = planner.claim(row_worker, 10, Claimant(), 30)
     assert row_keys(first) == {"a": 2, "b": 2, "c": 2}, "a full key blocks no other"
-    assert rowstore.claim(row_worker, 10, Claimant(), 30) == []
+    assert planner.claim(row_worker, 10, Claimant(), 30) == []
     assert rowstore.complete(first[0], Finished()) == 1
-    (again,) = rowstore.claim(row_worker, 10, Claimant(), 30)
+    (again,) = planner.claim(row_worker, 10, Claimant(), 30)
     assert row_keys([again]) == row_keys([first[0]])
     rowstore.unclaim([again])
-    (given_back,) = rowstore.claim(row_worker, 10, Claimant(), 30)
+    (given_back,) = planner.claim(row_worker, 10, Claimant(), 30)
     rowstore.release(given_back, crashed=FailureInfo("x.Boom", "died"), max_crashes=3)
-    assert len(rowstore.claim(row_worker, 10, Claimant(), 30)) == 1, "released: its place too"
+    assert len(planner.claim(row_worker, 10, Claimant(), 30)) == 1, "released: its place too"
 
 
 @pytest_db
 def test_a_row_worker_without_a_key_field_has_one_key():
     from django_dbworker import Finished
-    from django_dbworker.registry import worker, workers
-    from django_dbworker.rows import store as rowstore
+    from django_dbworker.rows import planner
+    from django_dbworker.rows.registry import worker, workers
     from django_dbworker.rows.sweep import Sweeper
 
     def conc_rows_one(item):
@@ -547,9 +550,9 @@ def test_a_row_worker_without_a_key_field_has_one_key():
     try:
         Item.objects.bulk_create([Item(kind="conc_rows", action=str(i)) for i in range(5)])
         Sweeper(made, 5000).sweep_all()
-        assert len(rowstore.claim(made, 2, Claimant(), 30)) == 2
-        assert len(rowstore.claim(made, 5, Claimant(), 30)) == 1
-        assert rowstore.claim(made, 5, Claimant(), 30) == []
+        assert len(planner.claim(made, 2, Claimant(), 30)) == 2
+        assert len(planner.claim(made, 5, Claimant(), 30)) == 1
+        assert planner.claim(made, 5, Claimant(), 30) == []
     finally:
         workers.remove("conc_rows_one")
 
@@ -564,7 +567,7 @@ def test_a_row_worker_without_a_key_field_has_one_key():
 ])
 def test_bad_row_worker_concurrency_options_are_refused_at_declaration(options, message):
     from django_dbworker.exceptions import InvalidWorker
-    from django_dbworker.registry import worker, workers
+    from django_dbworker.rows.registry import worker, workers
 
     def conc_rows_bad(item):
         return None

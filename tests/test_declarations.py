@@ -26,10 +26,11 @@ from django_dbworker.checks import check_schedules, check_settings, check_worker
 from django_dbworker.djtasks import InvalidTask, task
 from django_dbworker.exceptions import InvalidTaskArguments, InvalidWorker
 from django_dbworker.models import TaskRecord, TaskStatus
-from django_dbworker.registry import Worker
-from django_dbworker.scheduling import Schedule, Scheduler, schedules
+from django_dbworker.rows.registry import Worker
 from django_dbworker.supervisor.duties.tasks import retention_cutoff
 from django_dbworker.tasks import newtasks
+from django_dbworker.tasks.scheduler import Scheduler
+from django_dbworker.tasks.schedules import Schedule, schedules
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Document, Item, Tag

@@ -282,11 +282,12 @@ def test_a_dependent_enqueued_while_its_dependency_runs_is_released():
     """The claim said the dependency had no dependents; the completion's one statement
     (``has_dependents = false``) leaves it, and the transactional path records it with the
     release."""
+    from django_dbworker.tasks import planner as taskplanner
     from django_dbworker.tasks import store as taskstore
     from django_dbworker.units.claimant import Claimant
 
     a = tasks.add.enqueue(1, 1)
-    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    (claim,) = taskplanner.claim(None, 1, Claimant(), 30)
     b = tasks.add.using(after=[a]).enqueue(2, 2)
     assert taskstore.succeed_many([(claim, 2, timezone.now())]) == {uuid.UUID(a.id)}
     assert status(a) == TaskStatus.SUCCESSFUL and status(b) == TaskStatus.READY
@@ -335,12 +336,13 @@ def test_idempotency_key_returns_the_holder_without_new_edges():
 def test_a_running_dependency_cancelled_by_its_supervisor_cancels_its_dependents():
     """The supervisor's record of a cancel (and of a timeout) is ``fail_attempt`` with the
     claim's token: the dependents are resolved in its transaction."""
+    from django_dbworker.tasks import planner as taskplanner
     from django_dbworker.tasks import store as taskstore
     from django_dbworker.units.claimant import Claimant
     from django_dbworker.units.failures import FailureInfo
 
     a = tasks.add.enqueue(1, 1)
-    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    (claim,) = taskplanner.claim(None, 1, Claimant(), 30)
     b = tasks.add.using(after=[a]).enqueue(2, 2)
     import django_dbworker
 
@@ -352,13 +354,14 @@ def test_a_running_dependency_cancelled_by_its_supervisor_cancels_its_dependents
 
 
 def test_a_dependency_that_crashed_too_often_cancels_its_dependents():
+    from django_dbworker.tasks import planner as taskplanner
     from django_dbworker.tasks import store as taskstore
     from django_dbworker.units.claimant import Claimant
     from django_dbworker.units.failures import FailureInfo
 
     a = tasks.add.enqueue(1, 1)
     b = tasks.add.using(after=[a]).enqueue(2, 2)
-    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    (claim,) = taskplanner.claim(None, 1, Claimant(), 30)
     assert taskstore.release(claim, crashed=FailureInfo("x.ChildProcessDied", "killed"),
                              max_crashes=1) == 1
     assert status(a) == TaskStatus.FAILED and status(b) == TaskStatus.CANCELLED
@@ -366,13 +369,14 @@ def test_a_dependency_that_crashed_too_often_cancels_its_dependents():
 
 
 def test_a_dependency_given_back_after_a_crash_releases_nothing():
+    from django_dbworker.tasks import planner as taskplanner
     from django_dbworker.tasks import store as taskstore
     from django_dbworker.units.claimant import Claimant
     from django_dbworker.units.failures import FailureInfo
 
     a = tasks.add.enqueue(1, 1)
     b = tasks.add.using(after=[a]).enqueue(2, 2)
-    (claim,) = taskstore.claim(None, 1, Claimant(), 30)
+    (claim,) = taskplanner.claim(None, 1, Claimant(), 30)
     taskstore.release(claim, crashed=FailureInfo("x.ChildProcessDied", "killed"),
                       max_crashes=3)
     assert status(a) == TaskStatus.READY and status(b) == TaskStatus.WAITING
@@ -443,7 +447,7 @@ def test_a_row_dependency_is_stored_as_an_edge_on_the_row():
 def test_a_fan_out_and_fan_in_of_more_than_a_chunk(monkeypatch):
     """One root, many dependents released by one end (statements of ``CHUNK`` ids), and
     one join after all of them."""
-    from django_dbworker.workflows import release
+    from django_dbworker.tasks import dependents as release
 
     monkeypatch.setattr(release, "CHUNK", 7)
     root = tasks.add.enqueue(0, 0)

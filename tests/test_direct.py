@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django_dbworker.db import connections as db
 from django_dbworker.db import direct, sources
 from django_dbworker.models import Execution, State
-from django_dbworker.registry import workers
-from django_dbworker.rows import runner, store
+from django_dbworker.rows import planner, runner, store
+from django_dbworker.rows.registry import workers
 from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Effect, Item
 
@@ -32,7 +32,7 @@ def sqlite_only(vendor: str) -> None:
 
 def claimed() -> store.Claim:
     item = Item.objects.create()
-    (c,) = store.claim(workers["touch"], 1, Claimant(pid=os.getpid()), 60)
+    (c,) = planner.claim(workers["touch"], 1, Claimant(pid=os.getpid()), 60)
     assert c.source_key == str(item.pk)
     return c
 

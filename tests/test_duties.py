@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_dbworker import conf, workers
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
-from django_dbworker.rows import store
+from django_dbworker.rows import planner
 from django_dbworker.rows.sweep import Sweeper
 from django_dbworker.supervisor import units
 from django_dbworker.supervisor.duties.base import (
@@ -30,6 +30,7 @@ from django_dbworker.supervisor.duties.discovery import Discovery
 from django_dbworker.supervisor.duties.leases import Reaping, Renewal, Retries
 from django_dbworker.supervisor.duties.outage import Outage
 from django_dbworker.supervisor.duties.tasks import PRUNE_BATCH, PRUNE_POLL, Cron, Retention
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.units.claimant import Claimant
 from tests.testapp import tasks
@@ -272,11 +273,11 @@ def test_renewal_extends_every_lease_its_supervisor_holds_and_beats():
         Item.objects.create(kind="touch")
     tasks.add.enqueue_many([((i, i), {}) for i in range(2)])
     claimant, other = Claimant(), Claimant()
-    held = [*store.claim(workers["touch"], 2, claimant, 1.0),
-            *taskstore.claim(None, 1, claimant, 1.0)]
-    given_back = taskstore.claim(None, 1, claimant, 1.0)
+    held = [*planner.claim(workers["touch"], 2, claimant, 1.0),
+            *taskplanner.claim(None, 1, claimant, 1.0)]
+    given_back = taskplanner.claim(None, 1, claimant, 1.0)
     units.unclaim(given_back)
-    theirs = store.claim(workers["touch"], 1, other, 1.0)
+    theirs = planner.claim(workers["touch"], 1, other, 1.0)
     beats = []
     renewal = Renewal(claimant, 30.0, lambda: beats.append(1), tasks=True, heartbeat=2.0)
     claimed_until = lease_until(held[0])
@@ -303,7 +304,7 @@ def test_renewal_extends_every_lease_its_supervisor_holds_and_beats():
 @pytest_db
 def test_reaping_releases_an_expired_lease_and_says_so(caplog):
     Item.objects.create(kind="touch")
-    (c,) = store.claim(workers["touch"], 1, Claimant(), 30.0)
+    (c,) = planner.claim(workers["touch"], 1, Claimant(), 30.0)
     Execution.objects.filter(pk=c.execution_id).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1))
     reaping = Reaping(30.0, 3, tasks=True, spare=Claimant())
@@ -322,7 +323,8 @@ def test_reaping_spares_its_own_supervisors_units():
     Item.objects.create(kind="touch")
     tasks.add.enqueue(1, 2)
     mine = Claimant()
-    held = [*store.claim(workers["touch"], 1, mine, 30.0), *taskstore.claim(None, 1, mine, 30.0)]
+    held = [*planner.claim(workers["touch"], 1, mine, 30.0),
+            *taskplanner.claim(None, 1, mine, 30.0)]
     Execution.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     TaskRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     Reaping(30.0, 3, tasks=True, spare=mine, held=lambda: held).run(0.0)
@@ -340,8 +342,8 @@ def test_reaping_gives_back_what_its_supervisor_holds_in_the_database_only(caplo
         Item.objects.create(kind="touch")
     tasks.add.enqueue(1, 2)
     mine = Claimant()
-    kept, lost = store.claim(workers["touch"], 2, mine, 30.0)
-    (lost_task,) = taskstore.claim(None, 1, mine, 30.0)
+    kept, lost = planner.claim(workers["touch"], 2, mine, 30.0)
+    (lost_task,) = taskplanner.claim(None, 1, mine, 30.0)
     with caplog.at_level(logging.INFO, logger="django_dbworker"):
         Reaping(30.0, 3, tasks=True, spare=mine, held=lambda: [kept]).run(0.0)
     assert Execution.objects.get(pk=kept.execution_id).state == State.WORKING
@@ -426,7 +428,7 @@ def test_the_supervisors_loop_runs_maintenance_and_its_renewer_the_renewal():
                             conf.get(), None)
     try:
         assert [d.name for d in supervisor.duties.duties] == [
-            "retries", "task_stops", "cron", "retention", "row_timeouts", "reaping",
+            "retries", "task_stops", "cron", "retention", "timeouts", "reaping",
             "discovery", "row_dependencies"]
         assert isinstance(supervisor.duties.duties[0], Retries)
         assert isinstance(supervisor.duties.duties[2], Cron)
@@ -496,8 +498,9 @@ def test_a_cron_tick_that_met_an_ended_session_is_tried_again_not_skipped(monkey
 
     from django.db import connection
 
-    from django_dbworker import scheduling
-    from django_dbworker.scheduling import Schedule, Scheduler
+    from django_dbworker.tasks import scheduler as scheduling
+    from django_dbworker.tasks.scheduler import Scheduler
+    from django_dbworker.tasks.schedules import Schedule
 
     start = datetime(2026, 12, 1, tzinfo=UTC)
     scheduler = Scheduler({"m": Schedule(name="m", task_path="tests.testapp.tasks.add",

@@ -19,8 +19,8 @@ from django_dbworker.db.connections import TransactionCheck
 from django_dbworker.db.engine import Unsupported
 from django_dbworker.models import Execution, State, TaskRecord
 from django_dbworker.outcomes import Finished
-from django_dbworker.registry import workers
-from django_dbworker.rows import pending, store
+from django_dbworker.rows import pending, planner, store
+from django_dbworker.rows.registry import workers
 from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Item
 from tests.testapp.tasks import add
@@ -81,7 +81,7 @@ def test_an_unsupported_engine_names_the_vendor_and_what_runs():
 
 def _claim():
     Item.objects.create()
-    (claim,) = store.claim(workers["touch"], 1, Claimant(), 30)
+    (claim,) = planner.claim(workers["touch"], 1, Claimant(), 30)
     return claim
 
 

@@ -22,6 +22,7 @@ from django_dbworker.db import errors
 from django_dbworker.db.connections import opened_at
 from django_dbworker.models import TaskRecord, TaskStatus
 from django_dbworker.supervisor import child, units
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.completions import Completions, Kept
 from django_dbworker.testing import run_until_idle
@@ -145,7 +146,7 @@ def test_a_batch_of_completions_lost_with_its_session_all_go_back_unfailed(vendo
     finished tasks FAILED), not recorded as values the database refused."""
     with _server_only():
         results = tasks.add.enqueue_many([((n, 1), {}) for n in range(5)])
-        claims = taskstore.claim(None, 5, Claimant(), 30)
+        claims = taskplanner.claim(None, 5, Claimant(), 30)
         assert len(claims) == 5
         completions = Completions("default")
         report: list[tuple[Any, ...]] = []
@@ -203,7 +204,7 @@ def test_a_transactional_task_whose_record_deadlocks_goes_back_unfailed(vendor, 
     from tests.testapp.models import Effect
 
     result = tasks.effect_once.enqueue(7)
-    (c,) = taskstore.claim(None, 1, Claimant(), 30)
+    (c,) = taskplanner.claim(None, 1, Claimant(), 30)
     real = taskstore.succeed
 
     def deadlocked(*args: Any, **kwargs: Any) -> int:

@@ -15,9 +15,10 @@ from django_dbworker.db.connections import TransactionCheck
 from django_dbworker.djtasks import default_task_backend, task_finished
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
-from django_dbworker.registry import workers
-from django_dbworker.rows import store
+from django_dbworker.rows import planner, store
+from django_dbworker.rows.registry import workers
 from django_dbworker.supervisor.prefetch import Prefetch
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.testing import run_until_idle
 from django_dbworker.units.claimant import Claimant
@@ -39,9 +40,9 @@ def test_a_queryset_eligible_is_compiled_once_and_claims_the_same(monkeypatch):
     real = compiled.compile_query
     monkeypatch.setattr(compiled, "compile_query", lambda qs, using: (builds.append(1),
                                                                        real(qs, using))[1])
-    first = store.claim(loose, 1, Claimant(), 30)
-    second = store.claim(loose, 1, Claimant(), 30)
-    third = store.claim(loose, 1, Claimant(), 30)
+    first = planner.claim(loose, 1, Claimant(), 30)
+    second = planner.claim(loose, 1, Claimant(), 30)
+    third = planner.claim(loose, 1, Claimant(), 30)
     assert len(builds) == 2, "compiled once, with two probes for the slot of now"
     assert [int(c.source_key) for c in first + second + third] == [i.pk for i in items]
 
@@ -53,8 +54,8 @@ def test_a_callable_eligible_is_compiled_for_every_claim(monkeypatch):
     real = compiled.compile_query
     monkeypatch.setattr(compiled, "compile_query", lambda qs, using: (builds.append(1),
                                                                        real(qs, using))[1])
-    store.claim(workers["touch"], 1, Claimant(), 30)
-    store.claim(workers["touch"], 1, Claimant(), 30)
+    planner.claim(workers["touch"], 1, Claimant(), 30)
+    planner.claim(workers["touch"], 1, Claimant(), 30)
     assert len(builds) == 2
 
 
@@ -63,9 +64,9 @@ def test_claims_of_a_compiled_query_respect_available_at():
     item = Item.objects.create(kind="loose")
     Execution.objects.filter(source_id=str(item.pk)).update(
         available_at=timezone.now() + timedelta(hours=1))
-    assert store.claim(workers["loose"], 5, Claimant(), 30) == []
+    assert planner.claim(workers["loose"], 5, Claimant(), 30) == []
     Execution.objects.filter(source_id=str(item.pk)).update(available_at=timezone.now())
-    assert len(store.claim(workers["loose"], 5, Claimant(), 30)) == 1
+    assert len(planner.claim(workers["loose"], 5, Claimant(), 30)) == 1
 
 
 # ----- source rows ------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def test_unclaim_puts_units_back_as_they_were_and_counts_nothing():
     assert run_until_idle(["touch"]) == {"finished": 2}
     store.reprocess(workers["touch"], [again.pk])  # FINISHED -> UNFINISHED, attempts 1
     newest = Item.objects.create()
-    claims = store.claim(workers["touch"], 10, Claimant(), 30)
+    claims = planner.claim(workers["touch"], 10, Claimant(), 30)
     assert sorted(int(c.source_key) for c in claims) == [again.pk, newest.pk]
     assert store.unclaim(claims) == 2
     by_pk = {int(e.source_id): e for e in Execution.objects.filter(worker="touch")}
@@ -142,16 +143,16 @@ def test_unclaim_puts_units_back_as_they_were_and_counts_nothing():
 
 def test_unclaim_leaves_a_unit_another_claim_took_alone():
     Item.objects.create()
-    (old,) = store.claim(workers["touch"], 1, Claimant(), 30)
+    (old,) = planner.claim(workers["touch"], 1, Claimant(), 30)
     store.unclaim([old])
-    (new,) = store.claim(workers["touch"], 1, Claimant(), 30)
+    (new,) = planner.claim(workers["touch"], 1, Claimant(), 30)
     assert store.unclaim([old]) == 0
     assert Execution.objects.get(pk=new.execution_id).state == State.WORKING
 
 
 def test_task_unclaim_takes_back_the_attempt_and_worker_id():
     result = tasks.add.enqueue(1, 2)
-    (c,) = taskstore.claim(None, 1, Claimant(), 30)
+    (c,) = taskplanner.claim(None, 1, Claimant(), 30)
     row = TaskRecord.objects.get(pk=result.id)
     assert (row.status, row.attempts, len(row.worker_ids)) == (TaskStatus.RUNNING, 1, 1)
     assert taskstore.unclaim([c]) == 1
@@ -227,7 +228,7 @@ def test_task_claims_bring_the_row_as_get_reads_it():
     from django_dbworker.units.claimant import Claimant
 
     tasks.add.using(priority=3).enqueue_many([((i,), {"b": [i, {"x": None}]}) for i in range(3)])
-    claims = taskstore.claim(None, 3, Claimant(), 30)
+    claims = taskplanner.claim(None, 3, Claimant(), 30)
     assert len(claims) == 3
     fields = [f.attname for f in TaskRecord._meta.concrete_fields]
     for c in claims:
@@ -243,7 +244,7 @@ def test_status_statements_do_not_wait_for_the_wal_flush_on_postgres(vendor, set
 
     tasks.add.enqueue_many([((i, i), {}) for i in range(4)])
     with CaptureQueriesContext(connection) as captured:
-        (one,) = taskstore.claim(None, 1, Claimant(), 30)
+        (one,) = taskplanner.claim(None, 1, Claimant(), 30)
         assert taskstore.succeed(one, 2) == 1
     asynchronous = vendor == "postgresql"
     statements = [q["sql"] for q in captured.captured_queries if "UPDATE" in q["sql"]
@@ -257,7 +258,7 @@ def test_status_statements_do_not_wait_for_the_wal_flush_on_postgres(vendor, set
             assert cursor.fetchone() == ("on",)
     settings.DBWORKER = {**settings.DBWORKER, "ASYNC_COMMIT": False}
     with CaptureQueriesContext(connection) as captured:
-        (two,) = taskstore.claim(None, 1, Claimant(), 30)
+        (two,) = taskplanner.claim(None, 1, Claimant(), 30)
         assert taskstore.succeed(two, 2) == 1
     assert not any("synchronous_commit" in q["sql"] for q in captured.captured_queries)
     assert TaskRecord.objects.filter(status=TaskStatus.SUCCESSFUL).count() == 2
@@ -426,7 +427,7 @@ def test_task_claims_walk_an_index_without_sorting(vendor, queues, indexes):
         if vendor == "mysql":
             cursor.fetchall()
     with CaptureQueriesContext(connection) as captured:
-        claimed = taskstore.claim(queues, 8, Claimant(), 30)
+        claimed = taskplanner.claim(queues, 8, Claimant(), 30)
     assert [c.row(connection.alias).priority for c in claimed] == [7] * 8
     assert len(claimed) == 8
     # The statement that finds the candidates (Engine.claim): PostgreSQL's one statement,
@@ -474,7 +475,7 @@ def test_a_claim_of_one_queue_never_walks_past_another_queues_older_tasks(vendor
         if vendor == "mysql":
             cursor.fetchall()
     with CaptureQueriesContext(connection) as captured:
-        claimed = taskstore.claim(["default"], 100, Claimant(), 30, keyed=keyed)
+        claimed = taskplanner.claim(["default"], 100, Claimant(), 30, keyed=keyed)
     assert len(claimed) == 100
     assert {c.row(connection.alias).queue_name for c in claimed} == {"default"}
     (sql,) = [q["sql"].rpartition("; ")[2] for q in captured.captured_queries
@@ -513,7 +514,7 @@ def test_a_completion_commits_without_the_wal_flush_only_after_no_write(vendor, 
 
     def synchronous_after(write: bool) -> str:
         item = Item.objects.create()
-        (c,) = [c for c in store.claim(workers["touch"], 5, Claimant(), 30)
+        (c,) = [c for c in planner.claim(workers["touch"], 5, Claimant(), 30)
                 if c.source_key == str(item.pk)]
         with transaction.atomic():
             if write:

@@ -18,7 +18,7 @@ from django.db import connection
 
 from django_dbworker import workers
 from django_dbworker.models import Execution, State
-from django_dbworker.rows import store
+from django_dbworker.rows import planner, store
 from django_dbworker.supervisor import child
 from django_dbworker.supervisor.supervisor import SESSION_ENDED
 from django_dbworker.testing import run_until_idle
@@ -38,7 +38,7 @@ def _server_sessions():
 @pytest.mark.parametrize("opened", [True, False], ids=["connection-open", "none-open"])
 def test_a_session_ended_mid_handler_gives_the_unit_back(opened):
     item = Item.objects.create(kind="touch", action="drop_session_first")
-    (c,) = store.claim(workers["touch"], 1, Claimant(), 30)
+    (c,) = planner.claim(workers["touch"], 1, Claimant(), 30)
     if not opened:  # as after a previous unit's lost session: the child closed it
         connection.close()
     report: list[tuple] = []
@@ -72,10 +72,10 @@ def _task_goes_back_unfailed(declared, effect_worker: str, *, opened: bool = Tru
     (the database answered right after), still RUNNING with no error recorded (the
     supervisor gives it back, a crash counted), its writes rolled back."""
     from django_dbworker.models import TaskRecord, TaskStatus
-    from django_dbworker.tasks import store as taskstore
+    from django_dbworker.tasks import planner as taskplanner
 
     result = declared.enqueue()
-    (c,) = taskstore.claim(None, 1, Claimant(), 30)
+    (c,) = taskplanner.claim(None, 1, Claimant(), 30)
     if not opened:
         connection.close()
     report: list[tuple] = []
@@ -95,7 +95,7 @@ def test_a_commit_psycopg_could_not_read_gives_the_unit_back_unfailed():
     if connection.vendor != "postgresql":
         pytest.skip("psycopg's own protocol error")
     item = Item.objects.create(kind="touch", action="protocol_confused_first")
-    (c,) = store.claim(workers["touch"], 1, Claimant(), 30)
+    (c,) = planner.claim(workers["touch"], 1, Claimant(), 30)
     report: list[tuple] = []
     child.run_one(0, c, "default", report)
 
@@ -142,7 +142,7 @@ def test_a_session_lost_while_the_database_does_not_answer_counts_no_crash():
     from django.db import OperationalError
 
     item = Item.objects.create(kind="touch")
-    (c,) = store.claim(workers["touch"], 1, Claimant(), 30)
+    (c,) = planner.claim(workers["touch"], 1, Claimant(), 30)
     report: list[tuple] = []
     lost = OperationalError("terminating connection due to administrator command")
     began_on = object()  # not the connection open now: the unit's session is gone

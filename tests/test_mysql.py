@@ -18,8 +18,8 @@ from django.db import IntegrityError, connection, transaction
 from django_dbworker.db import mysql
 from django_dbworker.db.partial import PartialIndex
 from django_dbworker.models import Execution, State, TaskRecord
-from django_dbworker.registry import workers
-from django_dbworker.rows import pending, store
+from django_dbworker.rows import pending, planner
+from django_dbworker.rows.registry import workers
 from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Tag
 
@@ -102,7 +102,7 @@ def test_text_keys_that_differ_only_in_case_are_two_units():
                   .values_list("source_id", flat=True)) == ["ABC", "abc"]
     Tag.objects.create(pk="abc")
     # the claim probes the source table in its own collation (through its index)
-    claims = store.claim(worker, 10, Claimant(), 30)
+    claims = planner.claim(worker, 10, Claimant(), 30)
     assert "abc" in {c.source_key for c in claims}
 
 
@@ -159,7 +159,7 @@ def test_a_claim_is_one_short_transaction_of_three_statements():
     from tests.testapp.models import Item
     items = Item.objects.bulk_create([Item(kind="touch") for _ in range(3)])
     pending.add(worker, [i.pk for i in items], connection.alias)
-    claims = store.claim(worker, 2, Claimant(), 30)
+    claims = planner.claim(worker, 2, Claimant(), 30)
     assert [int(c.source_key) for c in claims] == [items[0].pk, items[1].pk]
     assert Execution.objects.filter(state=State.WORKING).count() == 2
     assert not connection.in_atomic_block

@@ -20,7 +20,7 @@ from django_dbworker import conf
 from django_dbworker.checks import check_migrations, check_workers
 from django_dbworker.logs import JsonFormatter, log_event
 from django_dbworker.models import Supervisor, TaskRecord
-from django_dbworker.registry import workers
+from django_dbworker.rows.registry import workers
 from django_dbworker.testing import run_until_idle
 from tests.conftest import wait_for
 from tests.testapp import tasks

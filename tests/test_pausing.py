@@ -22,7 +22,7 @@ from django_dbworker import conf, pause, paused, resume, workers
 from django_dbworker.exceptions import InvalidPause
 from django_dbworker.insight import health, snapshot
 from django_dbworker.models import Execution, Pause, State, Supervisor, TaskRecord, TaskStatus
-from django_dbworker.tasks import store as taskstore
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.testing import run_until_idle
 from django_dbworker.units.claimant import Claimant
 from tests.conftest import wait_for
@@ -107,12 +107,12 @@ def test_run_until_idle_leaves_paused_queues_and_workers_alone_until_resumed():
 def test_a_claim_of_every_queue_excludes_the_paused_ones_rate_limited_too():
     mail, default = mark("emails"), mark("default")
     paused_queues = frozenset({"emails"})
-    claims = taskstore.claim_limited(None, 10, Claimant(), 30, limits={
+    claims = taskplanner.claim_limited(None, 10, Claimant(), 30, limits={
         "tests.testapp.tasks.pausing_mark": "100/s"}, global_limit=None,
         exclude_queues=paused_queues)
     assert [str(c.task_id) for c in claims] == [default.id]
-    assert taskstore.claim(None, 10, Claimant(), 30, exclude_queues=paused_queues) == []
-    assert [str(c.task_id) for c in taskstore.claim(["emails"], 10, Claimant(), 30)] == [mail.id]
+    assert taskplanner.claim(None, 10, Claimant(), 30, exclude_queues=paused_queues) == []
+    assert [str(c.task_id) for c in taskplanner.claim(["emails"], 10, Claimant(), 30)] == [mail.id]
 
 
 @pytest.mark.django_db(transaction=True)

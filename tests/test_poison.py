@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from django_dbworker import conf
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
-from django_dbworker.rows import store
+from django_dbworker.rows import planner, store
 from django_dbworker.supervisor import child, units
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import registry as task_registry
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.completions import Completions, Kept
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def claim_task(result_id: object) -> taskstore.TaskClaim:
-    (c,) = [c for c in taskstore.claim(None, 50, Claimant(), 30) if str(c.task_id) == str(
+    (c,) = [c for c in taskplanner.claim(None, 50, Claimant(), 30) if str(c.task_id) == str(
         result_id)] or [None]
     assert c is not None, "the task was not claimed"
     return c
@@ -253,7 +254,7 @@ def test_a_lost_connection_gives_the_unit_back_unfailed(monkeypatch):
 
 def test_one_bad_value_in_a_batched_record_does_not_fail_its_batch_mates(monkeypatch):
     results = [tasks.poison_innocent.enqueue(n) for n in range(3)]
-    by_id = {str(c.task_id): c for c in taskstore.claim(None, 3, Claimant(), 30)}
+    by_id = {str(c.task_id): c for c in taskplanner.claim(None, 3, Claimant(), 30)}
     claims = [by_id[str(r.id)] for r in results]
     real = taskstore.succeed_many
     poisoned = claims[1].task_id
@@ -323,7 +324,7 @@ def test_a_row_handler_raising_nul_fails_its_row_once_and_the_others_run_once():
 
 def test_a_row_whose_record_raises_fails_with_a_fallback_in_the_child(monkeypatch):
     item = Item.objects.create(kind="poison", action="nul_raise")
-    (c,) = store.claim(__import__("django_dbworker").workers["poison_rows"], 1, Claimant(), 30)
+    (c,) = planner.claim(__import__("django_dbworker").workers["poison_rows"], 1, Claimant(), 30)
     report = run_in_child_refusing_the_first_record(c, monkeypatch)
     assert report[0][2].outcome == "failed", report
     assert "the database refused recording its failure with DataError" in \
@@ -368,7 +369,7 @@ def test_a_row_failed_by_the_child_makes_it_pending_for_its_sibling_workers(monk
 
     (item,) = Item.objects.bulk_create([Item(kind="poison", action="nul_raise")])
     pending.add(workers["poison_rows"], [item.pk], "default")
-    (c,) = store.claim(workers["poison_rows"], 1, Claimant(), 30)
+    (c,) = planner.claim(workers["poison_rows"], 1, Claimant(), 30)
     report = run_in_child_refusing_the_first_record(c, monkeypatch)
     assert report[0][2].outcome == "failed", report
     siblings = set(Execution.objects.filter(source_id=str(item.pk), state=State.PENDING)

@@ -14,7 +14,7 @@ from django.db import DatabaseError, connection
 from django_dbworker import ExecutionStatus, workers
 from django_dbworker.db import prepared
 from django_dbworker.models import Execution, State
-from django_dbworker.rows import store
+from django_dbworker.rows import planner, store
 from django_dbworker.rows.runner import run
 from django_dbworker.units.claimant import Claimant
 from tests.conftest import queries_sent
@@ -38,7 +38,7 @@ def postgres(vendor):
 
 def _unit(action="ok"):
     row = Solo.objects.create(action=action)
-    (c,) = [c for c in store.claim(workers["solo"], 10, Claimant(), 30)
+    (c,) = [c for c in planner.claim(workers["solo"], 10, Claimant(), 30)
             if c.source_key == str(row.pk)]
     return row, c
 
@@ -153,7 +153,7 @@ def test_a_statement_lost_in_the_handlers_transaction_rolls_it_back(postgres):
     assert unit.state == State.WORKING and unit.token == c.token
     assert store.release(c, crashed=None, max_crashes=3) == 1
     other = Solo.objects.create()
-    claims = store.claim(workers["solo"], 10, Claimant(), 30)
+    claims = planner.claim(workers["solo"], 10, Claimant(), 30)
     assert {x.source_key for x in claims} == {str(row.pk), str(other.pk)}
     assert [run(x).outcome for x in claims] == ["finished", "finished"]
     assert _finished(row) and _finished(other) and not prepared.prepared(connection)

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from django_dbworker import workers
 from django_dbworker.models import Execution, State
-from django_dbworker.rows import store
+from django_dbworker.rows import planner
 from django_dbworker.supervisor.duties.base import FAILURE_LOG_INTERVAL, Periodic
 from django_dbworker.supervisor.duties.leases import Renewal
 from django_dbworker.supervisor.renewer import MAIN_THREAD_SIGNALS, RETRY_PAUSE, Renewer
@@ -124,7 +124,7 @@ def test_anything_else_is_logged_once_a_minute_and_never_stops_it(caplog):
 def test_the_thread_renews_on_its_own_connection_outside_forks():
     Item.objects.create(kind="touch")
     claimant = Claimant()
-    (c,) = store.claim(workers["touch"], 1, claimant, 1.0)
+    (c,) = planner.claim(workers["touch"], 1, claimant, 1.0)
     seen: list[tuple[object, object, set]] = []
     beat = threading.Event()
 

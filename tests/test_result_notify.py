@@ -16,6 +16,7 @@ from django.test import override_settings
 from django_dbworker import cancel
 from django_dbworker.db import engine_for
 from django_dbworker.db.notify import ENDED, LONGEST_PAYLOAD, ended_payload
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks import waiting
 from django_dbworker.units.claimant import Claimant
@@ -45,7 +46,7 @@ def ends(vendor):
 
 
 def _claim(n):
-    claims = taskstore.claim(None, n, Claimant(), 30)
+    claims = taskplanner.claim(None, n, Claimant(), 30)
     assert len(claims) == n
     return claims
 
@@ -85,7 +86,7 @@ def _succeed_later(task_id, after):
     def run():
         time.sleep(after)
         try:
-            claims = taskstore.claim(None, 10, Claimant(), 30)
+            claims = taskplanner.claim(None, 10, Claimant(), 30)
             (c,) = [c for c in claims if str(c.task_id) == str(task_id)]
             from django.utils import timezone
             taskstore.succeed_many([(c, 7, timezone.now())])

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django_dbworker import ExecutionStatus, workers
 from django_dbworker.db import sources
 from django_dbworker.models import Execution, State, TaskRecord
-from django_dbworker.rows import store
+from django_dbworker.rows import planner, store
 from django_dbworker.rows.runner import run
 from django_dbworker.units.claimant import Claimant
 from tests.conftest import queries_sent, round_trips
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _claim(worker, pk):
-    (c,) = [c for c in store.claim(workers[worker], 10, Claimant(), 30)
+    (c,) = [c for c in planner.claim(workers[worker], 10, Claimant(), 30)
             if c.source_key == str(pk)]
     return c
 
@@ -310,8 +310,8 @@ def test_a_keyed_claim_inside_a_transaction_leaves_commit_to_it(postgres, tmp_pa
 
 def test_a_keyed_claim_of_rows_commits_with_its_update(postgres, tmp_path, request):
     from django_dbworker import Finished
-    from django_dbworker.registry import worker as declare
     from django_dbworker.rows import concurrency
+    from django_dbworker.rows.registry import worker as declare
 
     def keyed_rows(item):
         return Finished()

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django_dbworker import ExecutionStatus, signals, workers
 from django_dbworker.db.engine import Begin
 from django_dbworker.models import Execution, State
-from django_dbworker.rows import chain, store
+from django_dbworker.rows import chain, planner, store
 from django_dbworker.supervisor import units
 from django_dbworker.units.claimant import Claimant
 from tests.conftest import queries_sent, round_trips
@@ -34,7 +34,7 @@ def postgres(vendor):
 
 def _claims(*rows):
     """One claim of all ``rows`` (``solo`` units), in the rows' order."""
-    claimed = {c.source_key: c for c in store.claim(workers["solo"], 10, Claimant(), 30)}
+    claimed = {c.source_key: c for c in planner.claim(workers["solo"], 10, Claimant(), 30)}
     return [claimed[str(row.pk)] for row in rows]
 
 

@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from django_dbworker import ExecutionStatus, execution_status, workers
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
-from django_dbworker.rows import store
+from django_dbworker.rows import planner, store
 from django_dbworker.rows.runner import run
-from django_dbworker.tasks import store as taskstore
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks.runner import run_task
 from django_dbworker.testing import run_until_idle
 from django_dbworker.units.claimant import Claimant
@@ -166,12 +166,12 @@ def test_context_carries_attempt_worker_and_lease():
 def test_stale_claim_cannot_commit():
     """A process whose lease was reaped and taken over rolls back instead of committing."""
     item = Item.objects.create()
-    old = store.claim(workers["touch"], 1, Claimant(), lease=30)[0]
+    old = planner.claim(workers["touch"], 1, Claimant(), lease=30)[0]
     Execution.objects.filter(pk=old.execution_id).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
     assert store.reap(max_crashes=3) == 1
-    new = store.claim(workers["touch"], 1, Claimant(), lease=30)[0]
+    new = planner.claim(workers["touch"], 1, Claimant(), lease=30)[0]
     assert new.token != old.token
     result = run(old)
     assert result.outcome == "lease_lost"
@@ -185,8 +185,8 @@ def test_expired_lease_cannot_commit_before_any_reap():
     though nobody took the unit over. SQLite checks the token only (``store.lease_live``)."""
     Item.objects.create()
     add.enqueue(1, 2)
-    row = store.claim(workers["touch"], 1, Claimant(), lease=30)[0]
-    task = taskstore.claim(None, 1, Claimant(), lease=30)[0]
+    row = planner.claim(workers["touch"], 1, Claimant(), lease=30)[0]
+    task = taskplanner.claim(None, 1, Claimant(), lease=30)[0]
     past = timezone.now() - timedelta(seconds=1)
     Execution.objects.filter(pk=row.execution_id).update(lease_expires_at=past)
     TaskRecord.objects.filter(pk=task.task_id).update(lease_expires_at=past)
@@ -203,7 +203,7 @@ def test_expired_lease_cannot_commit_before_any_reap():
 def test_reaped_unit_counts_a_crash_and_fails_after_max():
     item = Item.objects.create()
     for crash in range(1, 4):
-        store.claim(workers["touch"], 1, Claimant(), lease=30)
+        planner.claim(workers["touch"], 1, Claimant(), lease=30)
         Execution.objects.filter(worker="touch").update(
             lease_expires_at=timezone.now() - timedelta(seconds=1)
         )
@@ -217,7 +217,7 @@ def test_reaped_unit_counts_a_crash_and_fails_after_max():
 
 def test_source_deleted_after_claim_removes_execution():
     item = Item.objects.create()
-    c = store.claim(workers["touch"], 1, Claimant(), lease=30)[0]
+    c = planner.claim(workers["touch"], 1, Claimant(), lease=30)[0]
     Item.objects.filter(pk=item.pk).delete()  # queryset delete: signals still fire
     assert not Execution.objects.filter(worker="touch").exists()
     assert run(c).outcome == "gone"
@@ -234,7 +234,7 @@ def test_handler_may_delete_its_own_source_row():
 
 def test_source_missing_at_claim_time_is_forgotten():
     item = Item.objects.create()
-    c = store.claim(workers["touch"], 1, Claimant(), lease=30)[0]
+    c = planner.claim(workers["touch"], 1, Claimant(), lease=30)[0]
     with connection.cursor() as cursor:  # a delete that sends no signal
         cursor.execute("DELETE FROM testapp_item WHERE id = %s", [item.pk])
     assert run(c).outcome == "gone"

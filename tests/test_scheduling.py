@@ -11,7 +11,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django_dbworker import cron
 from django_dbworker.checks import check_schedules
 from django_dbworker.models import TaskRecord
-from django_dbworker.scheduling import Schedule, Scheduler, schedules
+from django_dbworker.tasks.scheduler import Scheduler
+from django_dbworker.tasks.schedules import Schedule, schedules
 from tests.conftest import ROOT
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -72,8 +73,8 @@ def test_each_tick_enqueued_once_by_any_number_of_schedulers():
 
 
 def test_decorator_registers_and_validates():
-    from django_dbworker import scheduling
     from django_dbworker.djtasks import task
+    from django_dbworker.tasks import schedules as scheduling
     from tests.testapp import tasks
 
     cron("*/5 * * * *", name="five", args=[1, 2])(tasks.add)

@@ -20,6 +20,7 @@ from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskSt
 from django_dbworker.outcomes import RunOutcome
 from django_dbworker.rows.store import lease_live
 from django_dbworker.supervisor.progress import Progress
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import snooze
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.testing import run_until_idle
@@ -37,7 +38,7 @@ def row(result):
 
 
 def claim_one():
-    (c,) = taskstore.claim(None, 1, Claimant(), 30)
+    (c,) = taskplanner.claim(None, 1, Claimant(), 30)
     return c
 
 

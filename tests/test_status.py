@@ -104,10 +104,10 @@ def test_uuid_primary_keys():
 def test_char_primary_keys_claimed_in_eligible_order():
     for code in ["b", "c", "a"]:
         Tag.objects.create(code=code)
-    from django_dbworker.rows import store
+    from django_dbworker.rows import planner
     from django_dbworker.units.claimant import Claimant
 
-    claims = store.claim(workers["tag"], 3, Claimant(), lease=30)
+    claims = planner.claim(workers["tag"], 3, Claimant(), lease=30)
     assert sorted(c.source_key for c in claims) == ["a", "b", "c"]
     assert list(Tag.objects.filter(
         has_execution_status(worker="tag", statuses=["WORKING"])
@@ -115,13 +115,13 @@ def test_char_primary_keys_claimed_in_eligible_order():
 
 
 def test_claim_order_follows_eligible_ordering():
-    from django_dbworker.rows import store
+    from django_dbworker.rows import planner
     from django_dbworker.units.claimant import Claimant
 
     ranks = [5, 1, 9, 3]
     items = [Item.objects.create(kind="ranked", rank=r) for r in ranks]
     order = []
-    while claims := store.claim(workers["ranked"], 1, Claimant(), lease=30):
+    while claims := planner.claim(workers["ranked"], 1, Claimant(), lease=30):
         order.append(int(claims[0].source_key))
     assert order == [i.pk for i in sorted(items, key=lambda i: -i.rank)]
 
@@ -129,22 +129,22 @@ def test_claim_order_follows_eligible_ordering():
     for code in tags:
         Tag.objects.create(code=code)
     order = []
-    while claims := store.claim(workers["tag"], 1, Claimant(), lease=30):
+    while claims := planner.claim(workers["tag"], 1, Claimant(), lease=30):
         order.append(claims[0].source_key)
     assert order == ["z", "m", "a"], "tag is ordered by -code"
 
 
 def test_pk_order_by_default_and_batches():
-    from django_dbworker.rows import store
+    from django_dbworker.rows import planner
     from django_dbworker.units.claimant import Claimant
 
     items = [Item.objects.create() for _ in range(5)]
-    first = store.claim(workers["touch"], 3, Claimant(), lease=30)
+    first = planner.claim(workers["touch"], 3, Claimant(), lease=30)
     assert sorted(int(c.source_key) for c in first) == [i.pk for i in items[:3]]
     assert len({c.token for c in first}) == 1
-    rest = store.claim(workers["touch"], 3, Claimant(), lease=30)
+    rest = planner.claim(workers["touch"], 3, Claimant(), lease=30)
     assert sorted(int(c.source_key) for c in rest) == [i.pk for i in items[3:]]
-    assert store.claim(workers["touch"], 3, Claimant(), lease=30) == []
+    assert planner.claim(workers["touch"], 3, Claimant(), lease=30) == []
 
 
 def test_ineligible_rows_wait_until_they_become_eligible():
@@ -190,7 +190,7 @@ def test_deleting_a_source_row_is_never_blocked():
 def test_dependent_worker_sees_rows_written_without_save_at_once():
     Item.objects.bulk_create([Item() for _ in range(4)])
     assert run_until_idle(["touch", "after_touch"]) == {"finished": 8}
-    from django_dbworker.rows import store
+    from django_dbworker.rows import planner
     from django_dbworker.rows.sweep import Sweeper
     from django_dbworker.units.claimant import Claimant
 
@@ -198,9 +198,9 @@ def test_dependent_worker_sees_rows_written_without_save_at_once():
     Item.objects.bulk_create([Item()])
     new = Item.objects.order_by("-pk").first()
     Sweeper(workers["touch"], 100).sweep_all()
-    (c,) = store.claim(workers["touch"], 1, Claimant(), lease=30)
+    (c,) = planner.claim(workers["touch"], 1, Claimant(), lease=30)
     from django_dbworker.rows.runner import run
 
     run(c)
-    (after,) = store.claim(workers["after_touch"], 1, Claimant(), lease=30)
+    (after,) = planner.claim(workers["after_touch"], 1, Claimant(), lease=30)
     assert int(after.source_key) == new.pk

@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from django_dbworker.exceptions import InvalidSchedule
 from django_dbworker.models import StoredSchedule, Supervisor, TaskRecord, TaskStatus
-from django_dbworker.scheduling import Scheduler
+from django_dbworker.tasks.scheduler import Scheduler
 from django_dbworker.tasks.stored_schedules import StoredSource, problems, to_schedule
 from tests.conftest import wait_for
 from tests.testapp.models import Effect
@@ -309,7 +309,7 @@ def test_each_tick_once_across_two_supervisors():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_code_schedule_wins_a_name_clash_and_it_is_logged_once(code_schedule, caplog):
-    from django_dbworker.scheduling import schedules
+    from django_dbworker.tasks.schedules import schedules
 
     row("sched_code")  # written behind the CLI's and the admin's back
     s = Scheduler(schedules(), now=T0, stored=StoredSource())

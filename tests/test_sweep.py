@@ -12,8 +12,9 @@ from django.db import connection
 from django.utils import timezone
 
 from django_dbworker import workers
+from django_dbworker.db import keys
 from django_dbworker.models import Execution, State, SweepState
-from django_dbworker.rows import keys, store
+from django_dbworker.rows import planner, store
 from django_dbworker.rows.sweep import FULL_SAVE_EVERY, GAP_WAIT, Sweeper
 from django_dbworker.units.claimant import Claimant
 from tests.testapp.models import Document, Item, Tag
@@ -294,7 +295,7 @@ def test_uuid_and_text_keys_are_swept_in_ranges(model, worker, make):
 def test_orphans_go_range_by_range_and_running_units_stay():
     items = [Item.objects.create() for _ in range(9)]
     loose = Item.objects.create(kind="loose")
-    claims = store.claim(workers["touch"], 10, Claimant(), 30)
+    claims = planner.claim(workers["touch"], 10, Claimant(), 30)
     store.unclaim([c for c in claims if c.source_key != str(items[4].pk)])  # one runs
     _raw_delete("testapp_item", [items[i].pk for i in (0, 3, 4, 8)])
     sweeper = Sweeper(workers["touch"], batch=2)

@@ -32,11 +32,12 @@ from django_dbworker.models import (
     TaskStatus,
     database_now,
 )
-from django_dbworker.rows import store
+from django_dbworker.rows import planner, store
 from django_dbworker.rows.runner import run
 from django_dbworker.supervisor.duties.leases import Reaping, Renewal
 from django_dbworker.supervisor.heartbeat import MISSED_BEATS, Heartbeat, takes_over
 from django_dbworker.supervisor.renewer import Renewer
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks.runner import run_task
 from django_dbworker.units.claimant import Claimant
@@ -81,8 +82,8 @@ def held_by(claimant: Claimant) -> tuple[store.Claim, taskstore.TaskClaim]:
     """One execution and one task claimed by ``claimant``, with a 30 s lease."""
     Item.objects.create(kind="touch")
     tasks.add.enqueue(1, 2)
-    (row,) = store.claim(workers["touch"], 1, claimant, 30.0)
-    (task,) = taskstore.claim(None, 1, claimant, 30.0)
+    (row,) = planner.claim(workers["touch"], 1, claimant, 30.0)
+    (task,) = taskplanner.claim(None, 1, claimant, 30.0)
     return row, task
 
 
@@ -152,7 +153,7 @@ def test_a_renewal_that_waits_in_vain_for_a_lock_takes_no_beat_back(caplog):
                     "bound there (heartbeat.takes_over)")
     Item.objects.create(kind="touch")
     claimant = Claimant(pid=os.getpid())
-    (c,) = store.claim(workers["touch"], 1, claimant, 30.0)
+    (c,) = planner.claim(workers["touch"], 1, claimant, 30.0)
     claimed = Execution.objects.get(pk=c.execution_id).lease_expires_at
     beat = Heartbeat(claimant, lease=30.0, concurrency=1, workers=["touch"], queues=None,
                      tasks=False, burst=False, interval=2.0)

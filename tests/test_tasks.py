@@ -161,12 +161,12 @@ def test_priority_queue_and_order():
     low = tasks.add.using(priority=-5).enqueue(1, 0)
     high = tasks.add.using(priority=50).enqueue(2, 0)
     mid = tasks.send_email.enqueue("a@example.com")
-    from django_dbworker.tasks import store as taskstore
+    from django_dbworker.tasks import planner as taskplanner
     from django_dbworker.units.claimant import Claimant
 
-    order = [c.task_id for c in taskstore.claim(None, 3, Claimant(), 30)]
+    order = [c.task_id for c in taskplanner.claim(None, 3, Claimant(), 30)]
     assert sorted(order) == sorted(TaskRecord.objects.values_list("pk", flat=True))
-    only_default = taskstore.claim(["default"], 5, Claimant(), 30)
+    only_default = taskplanner.claim(["default"], 5, Claimant(), 30)
     assert only_default == []
     assert TaskRecord.objects.get(pk=mid.id).queue_name == "emails"
     assert [str(x) for x in TaskRecord.objects.order_by("-priority").values_list(
@@ -174,31 +174,31 @@ def test_priority_queue_and_order():
 
 
 def test_claim_order_is_priority_then_age():
-    from django_dbworker.tasks import store as taskstore
+    from django_dbworker.tasks import planner as taskplanner
     from django_dbworker.units.claimant import Claimant
 
     first = tasks.add.enqueue(1, 1)
     high = tasks.add.using(priority=100).enqueue(2, 2)
     second = tasks.add.enqueue(3, 3)
     got = []
-    while claims := taskstore.claim(["default"], 1, Claimant(), 30):
+    while claims := taskplanner.claim(["default"], 1, Claimant(), 30):
         got.append(str(claims[0].task_id))
     assert got == [high.id, first.id, second.id]
 
 
 def test_a_batch_comes_back_in_claim_order():
-    from django_dbworker.tasks import store as taskstore
+    from django_dbworker.tasks import planner as taskplanner
     from django_dbworker.units.claimant import Claimant
 
     made = [tasks.add.using(priority=p).enqueue(p, 0) for p in (0, 5, -3, 5, 90, 1)]
     by_priority = sorted(made, key=lambda r: -r.task.priority)  # stable: age among equals
-    claims = taskstore.claim(["default"], 6, Claimant(), 30)
+    claims = taskplanner.claim(["default"], 6, Claimant(), 30)
     assert [str(c.task_id) for c in claims] == [r.id for r in by_priority]
 
 
 def test_rate_limited_tasks_of_high_priority_are_not_starved_by_unlimited_ones():
     from django_dbworker.models import RateBucket
-    from django_dbworker.tasks import store as taskstore
+    from django_dbworker.tasks import planner as taskplanner
     from django_dbworker.units.claimant import Claimant
 
     tasks.add.enqueue_many([((i, i), {}) for i in range(10)])  # priority 0, unlimited
@@ -207,7 +207,7 @@ def test_rate_limited_tasks_of_high_priority_are_not_starved_by_unlimited_ones()
     limits = {tasks.limited.module_path: "2/s"}
 
     def claim(room: int) -> list:
-        return taskstore.claim_limited(["default"], room, Claimant(), 30, limits=limits,
+        return taskplanner.claim_limited(["default"], room, Claimant(), 30, limits=limits,
                                        global_limit=None)
 
     first = claim(4)

@@ -15,11 +15,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_dbworker import checks
-from django_dbworker.db import engine
+from django_dbworker.db import engine, keys
 from django_dbworker.exceptions import TriggerUnavailable, UnknownWorker
 from django_dbworker.models import Execution, State
-from django_dbworker.registry import Worker, workers
-from django_dbworker.rows import keys, triggers
+from django_dbworker.rows import triggers
+from django_dbworker.rows.registry import Worker, workers
 from django_dbworker.testing import run_until_idle
 from tests.testapp.models import Document, Effect, Item, Ranked, Tag
 

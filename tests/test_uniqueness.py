@@ -21,6 +21,7 @@ from django.utils import timezone
 from django_dbworker.djtasks import InvalidTask, task, task_enqueued
 from django_dbworker.exceptions import InvalidTaskArguments
 from django_dbworker.models import TaskRecord, TaskStatus, TaskUniqueness
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import store as taskstore
 from django_dbworker.tasks import uniqueness
 from django_dbworker.testing import run_until_idle
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def claim_all():
-    return taskstore.claim(None, 100, Claimant(), 30)
+    return taskplanner.claim(None, 100, Claimant(), 30)
 
 
 @pytest.fixture
@@ -404,7 +405,7 @@ def test_one_task_from_8_threads_and_2_processes_at_once(holder, on_duplicate):
 
 def test_a_unique_task_with_a_concurrency_limit_keeps_both():
     from django_dbworker.models import ConcurrencySlot
-    from django_dbworker.tasks import store as taskstore
+    from django_dbworker.tasks import planner as taskplanner
     from django_dbworker.units.claimant import Claimant
 
     first = tasks.unique_and_limited.enqueue("a", 1)
@@ -417,5 +418,5 @@ def test_a_unique_task_with_a_concurrency_limit_keeps_both():
         == {("sync:a:1", "account:a", 1), ("sync:a:2", "account:a", 1)}
     assert ConcurrencySlot.objects.filter(key="account:a").exists()
     # One account, limit 1: one of the two is claimed, the other waits.
-    claimed = taskstore.claim(None, 10, Claimant(), 30, keyed=True)
+    claimed = taskplanner.claim(None, 10, Claimant(), 30, keyed=True)
     assert len(claimed) == 1

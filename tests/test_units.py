@@ -1,4 +1,4 @@
-"""The unit protocol (``supervisor.units.Unit``): both kinds of unit implement it, and one
+"""The unit protocol (``units.protocol.Unit``): both kinds of unit implement it, and one
 row unit and one task unit go through the same protocol calls against the database."""
 
 from __future__ import annotations
@@ -12,31 +12,31 @@ from django.utils import timezone
 
 from django_dbworker import workers
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
-from django_dbworker.rows import store
+from django_dbworker.rows import planner, store
 from django_dbworker.rows.runner import Result
-from django_dbworker.rows.store import Claim
+from django_dbworker.rows.unit import RowUnit
 from django_dbworker.supervisor import units
 from django_dbworker.supervisor.units import KINDS, Unit
+from django_dbworker.tasks import planner as taskplanner
 from django_dbworker.tasks import store as taskstore
-from django_dbworker.tasks.store import TaskClaim
-from django_dbworker.tasks.unit import is_task
+from django_dbworker.tasks.unit import TaskUnit, is_task
 from django_dbworker.units.claimant import Claimant
 from django_dbworker.units.failures import FailureInfo
 from tests.testapp import tasks
 from tests.testapp.models import Item
 
-MEMBERS = ["kind", "unit_pk", "token", "attempt", "group", "describe", "run", "result",
-           "fail", "release"]
+MEMBERS = ["kind", "unit_pk", "token", "attempt", "group", "begins_next", "describe",
+           "concurrent", "timeout", "time_out", "paused", "run", "result", "fail", "release"]
 
 
-def row_claim() -> Claim:
+def row_claim() -> RowUnit:
     now = timezone.now()
-    return Claim(7, "touch", "42", uuid.uuid4(), 2, now)
+    return RowUnit(7, "touch", "42", uuid.uuid4(), 2, now)
 
 
-def task_claim() -> TaskClaim:
+def task_claim() -> TaskUnit:
     now = timezone.now()
-    return TaskClaim(uuid.uuid4(), "tests.testapp.tasks.add", uuid.uuid4(), 3, now, now)
+    return TaskUnit(uuid.uuid4(), "tests.testapp.tasks.add", uuid.uuid4(), 3, now, now)
 
 
 # ----- the protocol, without a database ----------------------------------------------
@@ -52,8 +52,8 @@ def test_both_kinds_implement_the_protocol(make):
 
 @pytest.mark.parametrize("make", [row_claim, task_claim])
 def test_a_unit_stays_a_slotted_value_that_crosses_the_pipe(make):
-    """The methods come from a slotted mixin: no ``__dict__``, and a unit pickled to a
-    child comes back equal, with its methods."""
+    """A unit is its store's slotted claim with methods: no ``__dict__``, and a unit
+    pickled to a child comes back equal, with its methods."""
     c = make()
     assert not hasattr(c, "__dict__")
     again = pickle.loads(pickle.dumps(c))
@@ -76,6 +76,31 @@ def test_group_and_describe_of_a_task_unit():
                                  "attempt": 3}
     assert c.kind.name == "task" and c.unit_pk == c.task_id
     assert is_task(c)
+
+
+def test_a_store_claim_becomes_its_unit_once():
+    """The stores know claims as data; the planners make them units (``RowUnit.of``)."""
+    now = timezone.now()
+    data = store.Claim(7, "touch", "42", uuid.uuid4(), 2, now)
+    (unit,) = RowUnit.of([data])
+    assert isinstance(unit, RowUnit) and not isinstance(data, Unit)
+    assert (unit.execution_id, unit.token, unit.lease_expires_at) == (7, data.token, now)
+    assert RowUnit.of([unit])[0] is unit
+    task = taskstore.TaskClaim(uuid.uuid4(), "tests.testapp.tasks.add", uuid.uuid4(), 3, now,
+                               now, ("values",))
+    (tunit,) = TaskUnit.of([task])
+    assert isinstance(tunit, TaskUnit) and tunit.values == ("values",)
+
+
+def test_each_unit_says_its_timeout_and_its_pause():
+    r, t = row_claim(), task_claim()
+    assert r.timeout() == (workers["touch"].timeout_seconds, "handler")
+    assert t.timeout() == (None, "task")
+    assert r.paused(frozenset({"default"}), frozenset({"touch"}))
+    assert not r.paused(frozenset({"default"}), frozenset())
+    assert not t.paused(frozenset({"default"}), frozenset({"touch"}))  # no row: it runs
+    assert r.begins_next and not t.begins_next
+    assert not r.concurrent() and not t.concurrent()  # sync handlers
 
 
 def test_result_reports_each_kind_by_its_id_and_its_worker_or_task():
@@ -108,8 +133,8 @@ def claimed(transactional_db: None) -> list[Unit]:
     Item.objects.create()
     tasks.add.enqueue(2, 3)
     claimant = Claimant()
-    (row,) = store.claim(workers["touch"], 1, claimant, 30)
-    (task,) = taskstore.claim(None, 1, claimant, 30)
+    (row,) = planner.claim(workers["touch"], 1, claimant, 30)
+    (task,) = taskplanner.claim(None, 1, claimant, 30)
     return [row, task]
 
 

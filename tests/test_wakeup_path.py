@@ -25,7 +25,7 @@ from django_dbworker import conf
 from django_dbworker.db import engine
 from django_dbworker.db.notify import CHANNEL
 from django_dbworker.models import Execution, State, TaskRecord, TaskStatus
-from django_dbworker.registry import workers
+from django_dbworker.rows.registry import workers
 from django_dbworker.supervisor import trace
 from django_dbworker.supervisor.handoff import Handoff
 from django_dbworker.supervisor.pool import Child

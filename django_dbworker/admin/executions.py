@@ -14,9 +14,10 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ..db import keys
 from ..models import Execution, Failure, State
-from ..registry import workers
-from ..rows import keys, store
+from ..rows import store
+from ..rows.registry import workers
 from . import display
 from .actions import Change, GuardedActions
 from .base import QueueTableAdmin

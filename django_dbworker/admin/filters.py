@@ -9,7 +9,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 
 from ..models import Failure
-from ..registry import workers
+from ..rows.registry import workers
 
 
 class WorkerFilter(admin.SimpleListFilter):

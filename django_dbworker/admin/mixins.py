@@ -21,9 +21,10 @@ from django.contrib import admin
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 
+from ..db import keys
 from ..models import Execution, ExecutionStatus, State
-from ..registry import Worker, workers
-from ..rows import keys, store
+from ..rows import store
+from ..rows.registry import Worker, workers
 from ..rows.status import has_execution_status
 from . import display
 from .actions import Change, GuardedActions

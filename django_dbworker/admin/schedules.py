@@ -15,8 +15,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..models import StoredSchedule
-from ..scheduling import MISFIRE
 from ..tasks import stored_schedules as stored
+from ..tasks.schedules import MISFIRE
 from . import display
 from .actions import Change, GuardedActions
 from .djadmin import action

@@ -19,8 +19,8 @@ from .. import conf
 from ..conf import MAX_RETENTION
 from ..db import space
 from ..models import Execution, Supervisor, TaskRecord, TaskStatus
-from ..registry import workers
 from ..rows import store
+from ..rows.registry import workers
 from ..tasks import store as taskstore
 from . import OperationError, units
 from .reports import check_names

@@ -7,9 +7,10 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q
 
 from .. import conf
-from ..insight import names, snapshot
+from ..insight import snapshot
 from ..models import Execution, Failure, Supervisor, TaskRecord, TaskStatus
-from ..registry import workers
+from ..rows.registry import workers
+from ..tasks import names
 from . import OperationError, units
 
 

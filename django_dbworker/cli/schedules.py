@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from ..exceptions import InvalidSchedule
 from ..models import StoredSchedule
-from ..scheduling import Schedule
 from ..tasks import stored_schedules as stored
+from ..tasks.schedules import Schedule
 from . import OperationError
 from .render import table
 

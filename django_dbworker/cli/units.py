@@ -8,9 +8,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from .. import conf
+from ..db import keys
 from ..models import Execution, TaskRecord
-from ..registry import Worker
-from ..rows import keys
+from ..rows.registry import Worker
 from . import OperationError
 
 #: Keys of schema version 1 that have a new name, kept beside it until version 2

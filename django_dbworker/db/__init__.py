@@ -12,7 +12,7 @@ from importlib import import_module
 import django.db
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .engine import Engine, TransactionEnded, Unsupported
+from .engine import VENDORS, Engine, TransactionEnded, Unsupported
 
 __all__ = ["ENGINES", "Engine", "TransactionEnded", "engine", "engine_for", "refuse_unusable"]
 
@@ -23,9 +23,10 @@ class Engines(MutableMapping[str, Engine]):
     with it ``sqlite3`` and the SQLite library) nor the MySQL one. Every process of a
     supervisor holds what it imports, a forked child included (RSS)."""
 
-    def __init__(self, where: dict[str, str]) -> None:
-        #: vendor -> an engine, or ``"module:Class"`` (relative to this package) until used.
-        self._entries: dict[str, Engine | str] = dict(where)
+    def __init__(self, where: dict[str, Engine | str]) -> None:
+        #: vendor -> an engine, or ``"module:Class"`` (relative to this package) until used;
+        #: ``engine.VENDORS`` itself, so that ``engine.supported()`` knows an engine added.
+        self._entries = where
         self._lock = threading.Lock()
 
     def __getitem__(self, vendor: str) -> Engine:
@@ -53,8 +54,7 @@ class Engines(MutableMapping[str, Engine]):
 
 
 #: Django's ``connection.vendor`` -> our engine for it.
-ENGINES = Engines({"mysql": ".mysql:MySQL", "postgresql": ".postgresql:PostgreSQL",
-                   "sqlite": ".sqlite:SQLite"})
+ENGINES = Engines(VENDORS)
 
 
 def engine_for(connection: BaseDatabaseWrapper) -> Engine:

@@ -425,7 +425,7 @@ class Engine:
 
     def key_text(self, sql: str) -> str:
         """SQL of a primary key expression ``sql`` as the text ``source_id`` holds
-        (``rows.keys.key_expression`` in SQL text)."""
+        (``db.keys.key_expression`` in SQL text)."""
         return f"CAST({sql} AS TEXT)"
 
     def insert_select_ignoring(self, head: str, select: str) -> str:
@@ -551,7 +551,12 @@ class Unsupported(Engine):
             f"({what}); it runs on {', '.join(sorted(supported()))}.")
 
 
-def supported() -> list[str]:
-    from . import ENGINES
+#: Django's ``connection.vendor`` -> our engine's ``module:Class`` (relative to ``db``),
+#: imported when first asked for: the entries of ``db.ENGINES`` (which fills them in).
+VENDORS: dict[str, Engine | str] = {
+    "mysql": ".mysql:MySQL", "postgresql": ".postgresql:PostgreSQL", "sqlite": ".sqlite:SQLite"}
 
-    return list(ENGINES)
+
+def supported() -> list[str]:
+    """The vendors we have an engine for."""
+    return list(VENDORS)

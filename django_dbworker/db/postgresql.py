@@ -31,6 +31,7 @@ from .engine import (
     TransactionEnded,
     Trigger,
 )
+from .prepared import binds_on_client
 
 #: The end of a row completion's WHERE: no WAL flush at COMMIT for a transaction that wrote
 #: nothing before it (``pg_current_xact_id_if_assigned()`` is NULL until a transaction
@@ -655,21 +656,6 @@ def _pipelines(raw: Any) -> bool:
     except ImportError:  # psycopg2
         return False
     return bool(Pipeline.is_supported()) and isinstance(raw, psycopg.Connection)
-
-
-def binds_on_client(connection: BaseDatabaseWrapper) -> bool:
-    """Whether the cursors of ``connection`` (open) are psycopg 3's with client-side binding
-    (Django's default): their queries go with the simple protocol, so one query may hold
-    several statements. Not with Django's ``"server_side_binding": True``, nor psycopg2
-    (no ``nextset()`` to reach a statement's result)."""
-    if connection.vendor != "postgresql" or connection.connection is None:
-        return False
-    try:
-        import psycopg
-    except ImportError:
-        return False
-    factory = getattr(connection.connection, "cursor_factory", None)
-    return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)
 
 
 def execute_first(cursor: Any, sql: str, params: Sequence[Any], *,

@@ -85,8 +85,6 @@ def enabled(connection: BaseDatabaseWrapper) -> bool:
     """Whether statements are prepared on ``connection`` (open)."""
     if not _active or _off or connection.vendor != "postgresql":
         return False
-    from .postgresql import binds_on_client
-
     return conf.get().PREPARED_STATEMENTS and binds_on_client(connection)
 
 
@@ -199,3 +197,18 @@ def prepared(connection: BaseDatabaseWrapper) -> dict[str, str]:
     that runs it."""
     session = _sessions.get(connection.connection)
     return dict(session.statements) if session is not None and not _off else {}
+
+
+def binds_on_client(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the cursors of ``connection`` (open) are psycopg 3's with client-side binding
+    (Django's default): their queries go with the simple protocol, so one query may hold
+    several statements. Not with Django's ``"server_side_binding": True``, nor psycopg2
+    (no ``nextset()`` to reach a statement's result)."""
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    factory = getattr(connection.connection, "cursor_factory", None)
+    return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)

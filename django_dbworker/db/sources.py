@@ -20,8 +20,8 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.core.signals import setting_changed
 from django.db import connections, models
 
-from ..rows.keys import pk_field
 from . import engine_for
+from .keys import pk_field
 
 
 @dataclass(frozen=True, slots=True)

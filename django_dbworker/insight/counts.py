@@ -14,10 +14,10 @@ from typing import Any
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, OuterRef, Q
 
 from .. import conf
+from ..db import keys
 from ..models import Execution, State, TaskRecord, TaskStatus
-from ..registry import workers
-from ..rows import keys
 from ..rows.queries import Probe
+from ..rows.registry import workers
 
 #: Minutes of throughput history, one bucket a minute, oldest first.
 MINUTES = 15

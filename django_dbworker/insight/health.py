@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..models import Supervisor
-from ..registry import workers
+from ..rows.registry import workers
 from . import counts
 from .snapshot import pauses_since
 

@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from .. import conf
 from ..models import Pause, Supervisor
-from . import counts, failures, names
+from ..tasks import names
+from . import counts, failures
 
 
 @dataclass(slots=True, kw_only=True)

@@ -40,12 +40,14 @@ from django.db import DatabaseError, connections
 from django.db.transaction import Atomic
 
 from .. import signals
-from ..db import engine_for, sources
+from ..db import engine_for, keys, sources
+from ..db.connections import TransactionCheck
 from ..db.engine import Begin
 from ..logs import log_event
+from .registry import workers
 
 if TYPE_CHECKING:
-    from ..registry import Worker
+    from .registry import Worker
     from .store import Claim
 
 __all__ = ["Carried", "UnitAtomic", "begin_next", "carried_for", "carry", "discard", "upcoming"]
@@ -65,7 +67,7 @@ class Carried:
 
 class _State(threading.local):
     """Per thread, as Django's connections are: a child's async units run their own
-    bookkeeping in threads of their own (``supervisor/aio.py``), on other connections."""
+    bookkeeping in threads of their own (``units/aio.py``), on other connections."""
 
     #: The unit run after the current one, if it may be begun with its completion (set by
     #: ``supervisor.units.run``); None elsewhere (tests' ``run_until_idle`` too).
@@ -90,16 +92,11 @@ def begin_next(worker: Worker, using: str) -> tuple[Begin, Any] | None:
     if (nxt is None or connection.run_on_commit
             or not engine_for(connection).begins_with_completion):
         return None
-    from ..db.connections import TransactionCheck
-    from ..registry import workers
-
     following = workers.get(nxt.worker)
     if (following is None or not following.transactional
             or signals.execution_finished.has_listeners(worker)
             or signals.execution_started.has_listeners(following)):
         return None
-    from . import keys
-
     check = TransactionCheck(using)
     found = sources.statement(following.source, keys.from_key(following.source, nxt.source_key),
                               using, check.annotations())

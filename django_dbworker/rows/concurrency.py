@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from ..db import engine_for
+from ..db import engine_for, keys
 from ..models import Execution
-from ..tasks.concurrency import lock_slots
-from . import keys
+from ..units import slots
+from .queries import candidates
+from .store import Claim, claim_parts
 
 if TYPE_CHECKING:
-    from ..registry import Worker
     from ..units.claimant import Claimant
-    from .store import Claim
+    from .registry import Worker
 
 #: Reads of candidates one claim makes at most, each ``GROWTH`` times the one before.
 PAGES = 4
@@ -79,9 +79,6 @@ def _working(worker: Worker, using: str) -> Counter[str]:
 def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[Claim]:
     """Claim up to ``limit`` units of ``worker`` in eligible's order, no key beyond
     ``worker.concurrency_limit``; committed on return."""
-    from .queries import candidates
-    from .store import Claim, claim_parts
-
     if limit <= 0:
         return []
     using = conf_alias()
@@ -109,7 +106,7 @@ def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[
             key_of = _keys(worker, {sid for _, sid in page}, using)
             fresh = set(key_of.values()) - held - skipped
             if fresh:
-                locked = lock_slots(using, sorted(fresh))
+                locked = slots.lock(using, sorted(fresh))
                 skipped |= fresh - locked
                 if locked - held:
                     held |= locked

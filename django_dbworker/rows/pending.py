@@ -19,10 +19,9 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from .. import conf
-from ..db import engine_for, notify
+from ..db import engine_for, keys, notify
 from ..models import Execution, State
-from ..registry import Worker, workers
-from . import keys
+from .registry import Worker, workers
 
 
 @dataclass

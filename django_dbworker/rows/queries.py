@@ -24,10 +24,9 @@ from typing import Any
 
 from django.db.models import Exists, F, OrderBy, OuterRef, QuerySet, Subquery
 
-from ..db import engine_for
+from ..db import engine_for, keys
 from ..models import Execution
-from ..registry import Worker
-from . import keys
+from .registry import Worker
 
 
 class Probe(Exists):

@@ -15,18 +15,18 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from .. import conf, progress, signals
+from .. import conf, signals
 from ..context import Context
-from ..db import TransactionEnded, engine, errors, sources
+from ..db import TransactionEnded, engine, errors, keys, sources
 from ..db.connections import TransactionCheck
 from ..exceptions import HandlerTransactionError, InvalidOutcome, LeaseLost
 from ..logs import log_event
 from ..outcomes import Finished, Result, RunOutcome, Snooze, Unfinished
-from ..registry import Worker, workers
-from ..supervisor import aio
 from ..tasks import retry
+from ..units import aio, progress
 from ..units.failures import FailureInfo, recording
-from . import chain, keys, pending, released, store
+from . import chain, pending, released, store
+from .registry import Worker, workers
 from .store import Claim
 
 logger = logging.getLogger("django_dbworker")

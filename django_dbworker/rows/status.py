@@ -9,9 +9,9 @@ from django.db.models import Exists, OuterRef
 from django.db.models.functions import Cast
 
 from .. import conf
+from ..db import keys
 from ..models import Execution, ExecutionStatus, State, no_execution
-from ..registry import Worker, workers
-from . import keys
+from .registry import Worker, workers
 
 
 def _worker(worker: str | Worker) -> Worker:

@@ -24,30 +24,25 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from .. import conf
-from ..db import TransactionEnded, compiled, engine, engine_for
+from ..db import TransactionEnded, compiled, engine, engine_for, keys
 from ..db.engine import Begin, CompletionUncertain
 from ..db.engine import Claim as EngineClaim
 from ..models import Execution, Failure, State, Transition
 from ..outcomes import Finished, Outcome, Unfinished
-from ..registry import Worker
-from ..units.claimant import Claimant, by_tokens
-from ..units.failures import (
-    FailureInfo,
-    too_many_crashes,
-)
-from . import keys
+from ..units.claimant import Claimant
+from ..units.failures import FailureInfo
+from ..units.leases import Leases, lease_live, one_statement
 from .queries import candidates
-from .unit import RowUnit
+from .registry import Worker
 
 #: The partial index the claim reads (``Execution.Meta.indexes``).
 CLAIM_INDEX = "dbworker_execution_claimable"
@@ -67,7 +62,10 @@ TRANSITIONS: dict[str, Transition] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Claim(RowUnit):
+class Claim:
+    """A claimed execution as its store knows it: what the fence and the records need
+    (``rows.unit.RowUnit`` is the unit the supervisor runs)."""
+
     execution_id: int
     worker: str
     source_key: str
@@ -152,18 +150,11 @@ def claim_sql(
     return engine().claim_statement(parts)
 
 
-def one_statement(using: str) -> Any:
-    """The transaction a claim runs in (``Engine.one_statement``)."""
-    connection = connections[using]
-    return engine_for(connection).one_statement(connection)
-
-
 def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[Claim]:
-    """Claim up to ``limit`` units of ``worker``, in eligible's order; committed on return."""
-    if getattr(worker, "concurrency_limit", None) is not None:
-        from . import concurrency  # each key within its limit on every supervisor
-
-        return concurrency.claim(worker, limit, claimant, lease)
+    """Claim up to ``limit`` units of ``worker``, in eligible's order; committed on return.
+    The plain claim, one statement: a worker with a ``concurrency_limit`` is claimed by
+    ``concurrency.claim`` (``planner.claim`` chooses)."""
+    assert getattr(worker, "concurrency_limit", None) is None, "rows.planner.claim"
     using = _alias()
     now = timezone.now()
     expires = now + timedelta(seconds=lease)
@@ -175,19 +166,7 @@ def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[
 
 
 def _fenced(c: Claim, using: str) -> Any:
-    return Execution.objects.using(using).filter(
-        id=c.execution_id, token=c.token, state__in=TRANSITIONS["complete"]
-    )
-
-
-def lease_live(using: str) -> bool:
-    """Whether a child's record also needs its lease unexpired, not only its token
-    (``Engine.checks_lease_on_record``).
-
-    Leases are written with ``timezone.now()`` by the supervisor, a fork on the same host:
-    the child compares with the same clock.
-    """
-    return engine(using).checks_lease_on_record
+    return EXECUTIONS.fenced(c, using)
 
 
 def _live(c: Claim, using: str, now: datetime) -> Any:
@@ -340,127 +319,47 @@ def _record(execution_id: int, attempt: int, failure: FailureInfo, now: datetime
     )
 
 
-def release(c: Claim, *, crashed: FailureInfo | None, max_crashes: int) -> int:
-    """Give a cut-off unit back: claimable again, or FAILED once it crashed too often.
+class Executions(Leases):
+    """The executions' table of leased units (the kind ``execution``)."""
 
-    ``crashed`` is None when the unit was cut off by a shutdown (not its fault).
-    """
-    using = _alias()
-    now = timezone.now()
-    with transaction.atomic(using=using):
-        qs = _fenced(c, using)
-        back = {"token": None, "lease_expires_at": None, "available_at": now}
-        if crashed is None:
-            return qs.update(state=State.UNFINISHED, **back)
-        failed = qs.filter(crashes__gte=max_crashes - 1).update(
-            state=State.FAILED, crashes=F("crashes") + 1, finished_at=now, **back
-        )
+    name = "execution"
+    model = Execution
+    status = "state"
+    held_status = State.WORKING
+    back_status = State.UNFINISHED
+
+    def held(self, using: str) -> Any:
+        assert TRANSITIONS["reap"] == {State.WORKING}  # the index of ``working()``
+        return Execution.objects.using(using).working()
+
+    def claim_of(self, pk: Any, attempt: int, token: uuid.UUID, now: datetime) -> Claim:
+        return Claim(pk, "", "", token, attempt, now)
+
+    def crashed_too_often(self, c: Any, fenced: Any, info: FailureInfo, now: datetime,
+                          back: dict[str, Any]) -> int:
+        failed = fenced.update(state=State.FAILED, crashes=F("crashes") + 1, finished_at=now,
+                               **back)
         if failed:
-            _record(c.execution_id, c.attempt, too_many_crashes(crashed, max_crashes), now, using)
-            return failed
-        return qs.update(state=State.UNFINISHED, crashes=F("crashes") + 1, **back)
+            _record(c.unit_pk, c.attempt, info, now, fenced.db)
+        return int(failed)
+
+    def unclaimed(self, using: str, first: Q) -> dict[str, Any]:
+        """Back to where the claim took it from: PENDING if this was to be its first
+        attempt, else UNFINISHED."""
+        return {"state": Case(When(first, then=Value(State.PENDING)),
+                              default=Value(State.UNFINISHED))}
 
 
-def unclaim(claims: list[Claim]) -> int:
-    """Give back units claimed ahead that never ran, fenced by their tokens: not a crash.
-
-    Each goes back to where the claim took it from: PENDING if this was to be its first
-    attempt, else UNFINISHED; the attempt is taken back, ``available_at`` (already passed)
-    is kept, so it keeps its place. ``started_at`` of a unit that ran before is the time of
-    the claim given back.
-    """
-    if not claims:
-        return 0
-    first = Q(attempts__lte=1)
-    return Execution.objects.using(_alias()).filter(
-        by_tokens(claims), state__in=TRANSITIONS["unclaim"]
-    ).update(
-        state=Case(When(first, then=Value(State.PENDING)), default=Value(State.UNFINISHED)),
-        attempts=F("attempts") - 1,
-        started_at=Case(When(first, then=None), default=F("started_at")),
-        token=None,
-        lease_expires_at=None,
-    )
-
-
-def renew(claimant: Claimant, lease: float) -> int:
-    """Extend the lease of every execution ``claimant`` holds: one statement, through the
-    index ``dbworker_execution_working``.
-
-    Held means WORKING with its supervisor id: running or waiting in a child, or claimed
-    ahead. What it gave back, recorded, or lost to a reaper is no longer WORKING with its
-    id, so no list of held units is needed (the renewer thread has none)."""
-    return Execution.objects.using(_alias()).working().filter(
-        supervisor_id=claimant.supervisor_id
-    ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
-
-
-def expired(now: datetime, using: str, spare: Claimant | None = None) -> Any:
-    """The units whose lease expired, read through the index ``dbworker_execution_working``;
-    not those of ``spare`` (the reaping supervisor's own)."""
-    assert TRANSITIONS["reap"] == {State.WORKING}  # the index of ``working()``
-    qs = Execution.objects.using(using).working().filter(lease_expires_at__lt=now)
-    if spare is not None:
-        qs = qs.exclude(supervisor_id=spare.supervisor_id)
-    return qs.values_list("id", "attempts", "crashes", "token")[:1000]
-
-
-def reap(max_crashes: int, spare: Claimant | None = None) -> int:
-    """Take back units whose lease expired (their process or supervisor is gone), except
-    those of ``spare``: a supervisor does not reap its own units, it knows where they are
-    (``supervisor.duties.leases.Reaping``)."""
-    using = _alias()
-    now = timezone.now()
-    rows = list(expired(now, using, spare))
-    reaped = 0
-    for execution_id, attempt, _crashes, token in rows:
-        c = Claim(execution_id, "", "", token, attempt, now)
-        info = FailureInfo(
-            "django_dbworker.exceptions.LeaseLost",
-            "the lease of this unit expired while it ran: its supervisor stopped renewing "
-            "it (process killed, paused or cut off from the database)",
-        )
-        reaped += release(c, crashed=info, max_crashes=max_crashes)
-    return reaped
-
-
-def held_by(supervisor_ids: list[uuid.UUID], using: str) -> Any:
-    """The executions WORKING with one of ``supervisor_ids`` (at most 1,000), read through
-    the index ``dbworker_execution_working``: the units in flight, never the history."""
-    return Execution.objects.using(using).working().filter(
-        supervisor_id__in=supervisor_ids).values_list(
-        "id", "attempts", "token", "supervisor_id")[:1000]
-
-
-def reap_held(holders: dict[uuid.UUID, FailureInfo | None],
-              max_crashes: int) -> Counter[uuid.UUID]:
-    """Take back the executions gone supervisors still hold (WORKING with one of their
-    ids), each fenced by its token and released as ``reap`` releases, with its holder's
-    crash (``holders``: supervisor id to the crash to count; None: not a crash). One read,
-    through the index ``dbworker_execution_working`` as renewal reads them: the cost
-    follows the units in flight, never the history; at most 1,000 a call. Returns how many
-    went back, by holder (``supervisor/takeover.py``)."""
-    now = timezone.now()
-    taken: Counter[uuid.UUID] = Counter()
-    for execution_id, attempt, token, holder in list(held_by(list(holders), _alias())):
-        c = Claim(execution_id, "", "", cast(uuid.UUID, token), attempt, now)  # WORKING
-        by = cast(uuid.UUID, holder)  # one of ``holders``
-        taken[by] += release(c, crashed=holders[by], max_crashes=max_crashes)
-    return taken
-
-
-def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> int:
-    """Give back the executions ``claimant`` holds in the database but not in memory
-    (``held``: ``(id, token)`` pairs; a claim's units share its token): not a crash
-    (``supervisor.units``)."""
-    using = _alias()
-    now = timezone.now()
-    rows = Execution.objects.using(using).working().filter(
-        supervisor_id=claimant.supervisor_id).values_list("id", "attempts", "token")
-    return sum(release(Claim(execution_id, "", "", cast(uuid.UUID, token), attempt, now),
-                       crashed=None, max_crashes=1)  # WORKING: it has a token
-               for execution_id, attempt, token in list(rows)
-               if (execution_id, token) not in held)
+#: The executions' lease life cycle (``units.leases``), and its roads by name.
+EXECUTIONS = Executions()
+release = EXECUTIONS.release
+unclaim = EXECUTIONS.unclaim
+renew = EXECUTIONS.renew
+expired = EXECUTIONS.expired
+reap = EXECUTIONS.reap
+held_by = EXECUTIONS.held_by
+reap_held = EXECUTIONS.reap_held
+release_untracked = EXECUTIONS.release_untracked
 
 
 def reset_failed(worker: Worker, pk: Any) -> bool:

@@ -39,11 +39,11 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 
 from .. import conf
+from ..db import keys
 from ..models import Execution, State, SweepState
-from ..registry import Worker
-from . import keys
 from .pending import add_selected
 from .queries import Probe
+from .registry import Worker
 
 logger = logging.getLogger("django_dbworker")
 

@@ -29,14 +29,14 @@ from django.db import NotSupportedError, connections, models, router, transactio
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from .. import conf, registry
-from ..db import engine_for, notify
+from .. import conf
+from ..db import engine_for, keys, notify
 from ..db.engine import RowTriggers, Trigger
 from ..exceptions import TriggerUnavailable, UnknownWorker
 from ..models import Execution, State
-from ..registry import NAME_RE, Worker
-from . import keys
+from . import registry
 from .pending import add_selected, new_execution_sql, sql_literal
+from .registry import NAME_RE, Worker
 
 PREFIX = "dbworker_"
 #: PostgreSQL's longest identifier.

@@ -1,96 +1,106 @@
-"""A claimed execution as a unit (``supervisor.units.Unit``): what the supervisor and its
+"""A claimed execution as a unit (``units.protocol.Unit``): what the supervisor and its
 children may do with one, without knowing it is a row-as-queue execution.
 
-``store.Claim`` inherits ``RowUnit``; the store, the runner and ``pending`` are imported
-where they are used (``store`` imports this module).
+``RowUnit`` is the store's ``Claim`` with the unit's behaviour: the claim planner
+(``rows.planner``) makes them; the store's functions take them as claims.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.utils import timezone
+
+from .. import conf
+from ..exceptions import HandlerTimeout
 from ..logs import log_event
-from ..units.failures import safe_message
+from ..outcomes import Result
+from ..tasks import retry
+from ..units import aio
+from ..units.failures import FailureInfo, safe_message
+from . import chain, pending, store
+from .registry import workers
+from .runner import run
 
 if TYPE_CHECKING:
-    import uuid
-
-    from ..outcomes import Result, RunOutcome
+    from ..outcomes import RunOutcome
     from ..tasks.completions import Kept
-    from ..units.claimant import Claimant
-    from ..units.failures import FailureInfo
-    from .store import Claim
+    from ..units.protocol import Unit
+
+#: The class path a timed-out handler's failure records.
+TIMEOUT = "django_dbworker.exceptions.HandlerTimeout"
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(store.Claim))
 
 
-class Executions:
-    """The execution kind: what is done to many executions in one statement."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowUnit(store.Claim):
+    """A claimed execution the supervisor runs (``units.protocol.Unit``)."""
 
-    name = "execution"
+    kind: ClassVar[store.Executions] = store.EXECUTIONS
+    #: Its completion may begin the next row unit's transaction (``rows.chain``).
+    begins_next: ClassVar[bool] = True
 
-    def renew(self, claimant: Claimant, lease: float) -> int:
-        from . import store
-
-        return store.renew(claimant, lease)
-
-    def unclaim(self, claims: list[Any]) -> int:
-        from . import store
-
-        return store.unclaim(claims)
-
-
-EXECUTIONS = Executions()
-
-
-class RowUnit:
-    """The ``Unit`` methods of ``store.Claim``."""
-
-    __slots__ = ()
-    kind: ClassVar[Executions] = EXECUTIONS
-
-    if TYPE_CHECKING:
-        execution_id: int
-        worker: str
-        source_key: str
-        token: uuid.UUID
-        attempt: int
+    @classmethod
+    def of(cls, claims: Iterable[store.Claim]) -> list[RowUnit]:
+        """The units of ``claims`` (the store's records of them)."""
+        return [c if isinstance(c, RowUnit) else cls(*(getattr(c, f) for f in _FIELDS))
+                for c in claims]
 
     @property
     def group(self) -> str:
         """What per-worker concurrency counts it against: its worker."""
         return self.worker
 
+    def paused(self, queues: frozenset[str], workers: frozenset[str]) -> bool:
+        """Whether its worker is paused."""
+        return self.worker in workers
+
     def describe(self) -> dict[str, Any]:
         return {"worker": self.worker, "execution": self.execution_id,
                 "source": self.source_key, "attempt": self.attempt}
 
-    def run(self, keep: Callable[[Kept], None] | None = None) -> Result:
-        """Run the handler and record its outcome (``keep`` is for tasks only)."""
-        from .runner import run
+    def concurrent(self) -> bool:
+        """Whether it runs on its child's event loop beside others (``units.aio``): an
+        ``async def`` handler declared ``transactional=False``."""
+        worker = workers.get(self.worker)
+        return worker is not None and aio.beside_others(worker)
 
-        return run(self._claim())
+    def timeout(self) -> tuple[float | None, str]:
+        """Seconds its handler may run (``@worker(timeout=...)``) and the word for it."""
+        worker = workers.get(self.worker)
+        return (worker.timeout_seconds if worker is not None else None), "handler"
+
+    def run(self, keep: Callable[[Kept], None] | None = None,
+            then: Unit | None = None) -> Result:
+        """Run the handler and record its outcome (``keep`` is for tasks only). ``then``:
+        the unit this process runs right after it, with nothing in between: if it is a
+        row unit too, this one's completion may begin its transaction (``rows.chain``;
+        ``chain.discard`` ends it if it does not run next after all)."""
+        if not isinstance(then, RowUnit):
+            return run(self)
+        chain.upcoming(then)
+        try:
+            return run(self)
+        finally:
+            chain.upcoming(None)
 
     def result(self, outcome: RunOutcome, seconds: float, error: str = "") -> Result:
-        from ..outcomes import Result
-
         return Result(self.execution_id, self.worker, outcome, seconds, error)
 
-    def time_out(self, info: FailureInfo) -> bool:
+    def time_out(self, seconds: float) -> bool:
         """The supervisor stopped its handler past ``@worker(timeout=...)``: a failed
         attempt like any raise (``HandlerTimeout``), so retried where the worker's
         ``retry_for`` takes a TimeoutError, else FAILED. True: a retry comes."""
-        from django.utils import timezone
-
-        from ..exceptions import HandlerTimeout
-        from ..registry import workers
-        from ..tasks import retry
-        from . import store
-
+        info = FailureInfo(TIMEOUT, f"the handler ran longer than its timeout of "
+                           f"{seconds:g}s and its process was stopped")
         worker = workers[self.worker]
         if retry.should_retry(worker, self.attempt, HandlerTimeout(info.message)):
             at = retry.at(timezone.now(), retry.delay(worker, self.attempt))
-            store.retry_later(self._claim(), info, at)
+            store.retry_later(self, info, at)
             return True
         self.fail(info)
         return False
@@ -98,11 +108,7 @@ class RowUnit:
     def fail(self, info: FailureInfo) -> int:
         """Record it FAILED for good; a FAILED row is made pending for its sibling workers,
         as by the runner's own failure record (else the next sweep finds them)."""
-        from .. import conf
-        from ..registry import workers
-        from . import pending, store
-
-        failed = store.fail(self._claim(), info)
+        failed = store.fail(self, info)
         if failed:
             try:
                 pending.add_siblings(workers[self.worker], self.source_key,
@@ -113,9 +119,4 @@ class RowUnit:
         return failed
 
     def release(self, *, crashed: FailureInfo | None, max_crashes: int) -> int:
-        from . import store
-
-        return store.release(self._claim(), crashed=crashed, max_crashes=max_crashes)
-
-    def _claim(self) -> Claim:
-        return cast("Claim", self)  # only store.Claim inherits RowUnit
+        return store.release(self, crashed=crashed, max_crashes=max_crashes)

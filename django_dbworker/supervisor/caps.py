@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from .. import conf
-from ..registry import Worker
-from . import aio, units
+from ..rows.registry import Worker
+from ..units import aio
+from . import units
 from .pool import Child
 from .units import Unit
 

@@ -22,8 +22,9 @@ from ..db.connections import connected, opened_at, own_process
 from ..logs import log_event
 from ..outcomes import RunOutcome
 from ..tasks.completions import Completions, Kept
+from ..units import aio
 from ..units.failures import class_path, safe_message
-from . import aio, trace, units
+from . import trace, units
 from .handoff import Handoff
 
 PR_SET_PDEATHSIG = 1

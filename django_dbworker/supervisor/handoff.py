@@ -7,7 +7,7 @@ units then wait in the child, the supervisor must know, without asking the busy 
 
 - which units run now and since when: for timeouts, cancellation, the heartbeat, and to
   say which units a dead child was running (``running``, ``running_all``): one at a time,
-  or up to ``slots`` at once for async units (``supervisor/aio.py``), started in order
+  or up to ``slots`` at once for async units (``units/aio.py``), started in order
   and finished in any order;
 - that a waiting unit will not start, so that it can give it to another child or back to
   the database (``take_back``): the child starts a unit only if its number is not below a

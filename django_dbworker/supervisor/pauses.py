@@ -9,11 +9,8 @@ from collections.abc import Iterable
 
 from django.utils import timezone
 
-from ..db import sources
 from ..logs import log_event
 from ..models import Pause, PauseKind, TaskRecord
-from ..tasks.store import TaskClaim
-from ..tasks.unit import is_task
 from .units import Unit
 
 
@@ -49,19 +46,7 @@ class Pauses:
 
     def holds(self, c: Unit) -> bool:
         """Whether the unit ``c`` belongs to a paused queue or worker."""
-        if is_task(c):
-            return bool(self.queues) and _queue_of(c, self.using) in self.queues
-        return c.group in self.workers
+        return c.paused(self.queues, self.workers)
 
     def of(self, claimed: Iterable[Unit]) -> list[Unit]:
         return [c for c in claimed if self.holds(c)]
-
-
-def _queue_of(c: TaskClaim, using: str) -> str | None:
-    values = c.values
-    if not values:
-        return None  # a claim without its row: it runs (claimed ahead of the pause)
-    names = sources.columns(TaskRecord, using).names
-    return values[names.index("queue_name")]
-
-

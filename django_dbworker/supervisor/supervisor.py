@@ -22,19 +22,20 @@ from ..db import engine_for, notify
 from ..db.connections import connected, opened_at, own_process
 from ..logs import log_event, logger
 from ..outcomes import RunOutcome
-from ..registry import Worker
-from ..rows import store, triggers
+from ..rows import planner, triggers
+from ..rows.registry import Worker
 from ..rows.sweep import Sweeper
+from ..units import aio
 from ..units.claimant import Claimant
 from ..units.failures import FailureInfo
-from . import aio, pool, trace, units
+from . import pool, trace, units
 from .caps import Caps
 from .duties.base import Duties
 from .duties.discovery import Discovery
 from .duties.leases import Reaping, Renewal, Retries
 from .duties.outage import Outage
 from .duties.row_dependencies import RowDependencies
-from .duties.timeouts import RowTimeouts
+from .duties.timeouts import Timeouts
 from .heartbeat import Heartbeat
 from .pauses import Pauses
 from .pool import Child, describe_exit
@@ -149,7 +150,7 @@ class Supervisor:
             self.retries,
             *(self.tasks.duties(lambda: self.children, self._stop_child, self.prefetch)
               if self.tasks is not None else []),
-            RowTimeouts(options.workers, lambda: self.children, self._stop_child),
+            Timeouts(lambda: self.children, self._stop_child),
             self.reaping,
             self.discovery,
             # tasks waiting for rows (after_row): released once the row's execution ended
@@ -495,7 +496,7 @@ class Supervisor:
                                                  self.prefetch.depth()))
             if room <= 0:
                 return []
-            return list(store.claim(source, room, self.claimant, self.config.LEASE_SECONDS))
+            return list(planner.claim(source, room, self.claimant, self.config.LEASE_SECONDS))
         except Exception as exc:  # one bad source stops only itself
             if units.transient(exc):  # another transaction's locks: not the source's fault
                 self._claims_deferred = True

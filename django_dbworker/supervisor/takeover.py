@@ -42,9 +42,8 @@ from django.db.models import Q
 
 from .. import conf
 from ..models import Supervisor, database_now
-from ..rows import store
-from ..tasks import store as taskstore
 from ..units.failures import FailureInfo
+from . import units
 
 LEASE_LOST = "django_dbworker.exceptions.LeaseLost"
 
@@ -101,7 +100,5 @@ def take_back(gone: list[Gone], max_crashes: int, *, tasks: bool) -> dict[Gone, 
     """Release the units the ``gone`` supervisors hold (tasks too when ``tasks``), fenced
     by their tokens: one read per kind for all of them. How many went back, by holder."""
     holders = {g.supervisor_id: g.crash() for g in gone}
-    taken = store.reap_held(holders, max_crashes)
-    if tasks:
-        taken += taskstore.reap_held(holders, max_crashes)
+    taken = units.reap_held(holders, max_crashes, tasks=tasks)
     return {g: taken[g.supervisor_id] for g in gone if taken[g.supervisor_id]}

@@ -1,4 +1,4 @@
-"""The supervisor's task work: claiming by queue and rate, timeouts and cancellation, and
+"""The supervisor's task work: claiming by queue and rate, cancellation, and
 the task duties (``duties.tasks``: stops, cron, retention). The supervisor owns the
 children; this says what to do with task units."""
 
@@ -6,32 +6,32 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 
 from ..conf import Config
 from ..db import notify
-from ..insight.names import configured_queues
 from ..logs import log_event
 from ..models import TaskStatus
 from ..pausing import ANNOUNCEMENT as PAUSES
-from ..scheduling import Scheduler, schedules
 from ..tasks import byqueue
+from ..tasks import planner as taskplanner
 from ..tasks import registry as task_registry
 from ..tasks import store as taskstore
 from ..tasks.concurrency import Seen
-from ..tasks.store import TaskClaim
+from ..tasks.names import configured_queues
+from ..tasks.runner import record_stopped
+from ..tasks.scheduler import Scheduler
+from ..tasks.schedules import schedules
 from ..tasks.stored_schedules import StoredSource
-from ..tasks.unit import is_task
+from ..tasks.unit import TaskUnit, is_task
+from ..units import aio
 from ..units.claimant import Claimant
 from ..units.failures import FailureInfo
-from . import aio
 from .duties.base import Duty, Every
 from .duties.tasks import Cron, Retention, TaskStops
 from .pool import Child
 from .prefetch import Prefetch
 
-TIMEOUT = "django_dbworker.exceptions.TaskTimeout"
 CANCELLED = "django_dbworker.exceptions.TaskCancelled"
 CANCEL_POLL = 0.5
 
@@ -52,8 +52,6 @@ class TaskWork:
         self._plain_until = 0.0
         #: NOTIFY reaches this supervisor now (its LISTEN connection is open).
         self.listening = False
-        self.timeouts = {path: t.timeout_seconds for path, t in known.items()
-                         if t.timeout_seconds}
         self.scheduler = Scheduler(schedules() if schedule else {},
                                    stored=StoredSource() if schedule else None)
         self.cancels = Every(CANCEL_POLL)
@@ -63,7 +61,7 @@ class TaskWork:
         self.known_queues = configured_queues()
 
     def claim(self, room: int, paused: frozenset[str] = frozenset(), *,
-              backlog: bool = False) -> list[TaskClaim]:
+              backlog: bool = False) -> list[TaskUnit]:
         """Claim up to ``room`` tasks of our queues but the ``paused`` ones; ``backlog``:
         tasks wait in a paused queue, so a claim of several queues is made queue by queue
         (``byqueue``) rather than walking past them.
@@ -83,7 +81,7 @@ class TaskWork:
         return claims
 
     def _claim_queues(self, room: int, paused: frozenset[str], backlog: bool, keyed: bool,
-                      seen: Seen | None) -> list[TaskClaim]:
+                      seen: Seen | None) -> list[TaskUnit]:
         queues = self.queues
         if paused:
             if queues is not None:
@@ -105,47 +103,34 @@ class TaskWork:
             self._plain_until = 0.0
 
     def _claim(self, queues: list[str] | None, room: int, keyed: bool, seen: Seen | None,
-               paused: frozenset[str] = frozenset()) -> list[TaskClaim]:
-        return taskstore.claim_limited(
+               paused: frozenset[str] = frozenset()) -> list[TaskUnit]:
+        return taskplanner.claim_limited(
             queues, room, self.claimant, self.config.LEASE_SECONDS,
             limits=self.limits, global_limit=self.config.TASK_RATE_LIMIT,
             exclude_queues=paused, keyed=keyed, seen=seen,
         )
 
     def _claim_by_queue(self, queues: list[str], room: int, keyed: bool,
-                        seen: Seen | None) -> list[TaskClaim]:
+                        seen: Seen | None) -> list[TaskUnit]:
         claims = [c for queue, n in byqueue.shares(queues, room).items()
                   for c in self._claim([queue], n, keyed, seen)]
         claims.sort(key=taskstore.claim_order)  # merged: priority, then age
         return claims
 
     def duties(self, children: Callable[[], list[Child]],
-               stop: Callable[[Child, TaskClaim], bool], waiting: Prefetch) -> list[Duty]:
+               stop: Callable[[Child, TaskUnit], bool], waiting: Prefetch) -> list[Duty]:
         """The task duties, in the order the supervisor runs them (``maintain``'s
         arguments, ``children`` asked for at each run)."""
         return [TaskStops(self, children, stop, waiting), self.cron, self.retention]
 
-    def maintain(self, children: list[Child], stop: Callable[[Child, TaskClaim], bool],
+    def maintain(self, children: list[Child], stop: Callable[[Child, TaskUnit], bool],
                  waiting: Prefetch) -> None:
-        """Stop timed-out and cancelled tasks (``waiting``: claimed ahead, not started;
-        units waiting in a child are taken back there first)."""
+        """Stop cancelled tasks (``waiting``: claimed ahead, not started; units waiting in
+        a child are taken back there first). Timeouts: ``duties.timeouts``."""
         now = time.monotonic()
-        running: dict[uuid.UUID, Child] = {}
-        for ch in children:
-            for c, since in ch.running_all():
-                if not is_task(c):
-                    continue
-                limit = self.timeouts.get(c.task_path)
-                # An async task is cancelled in its child at its timeout (aio); its child
-                # is stopped only if that did not end it (its coroutine blocks the loop).
-                grace = aio.STOP_GRACE if limit and aio.concurrent(c) else 0.0
-                if limit and now - since > limit + grace:
-                    self._stop(ch, c, stop, TaskStatus.FAILED, FailureInfo(
-                        TIMEOUT, f"the task ran longer than its timeout of {limit:g}s and its "
-                        "process was stopped"))
-                    break  # its child is gone, with what ran beside it
-                running[c.task_id] = ch
         if self.cancels.due(now):
+            running = {c.task_id: ch for ch in children for c, _ in ch.running_all()
+                       if is_task(c)}
             self.cancels.ran(now)
             queued = [c for ch in children for c in ch.waiting()] + waiting.units()
             queued_ids = {c.task_id for c in queued if is_task(c)}
@@ -169,25 +154,19 @@ class TaskWork:
                     asked = holder.cancel(found[0])
                     if asked is None or asked <= aio.STOP_GRACE:
                         continue
-                self._stop(holder, found[0], stop, TaskStatus.CANCELLED, FailureInfo(
-                    CANCELLED, "the task was cancelled while it ran and its process was "
-                    "stopped"))
+                self._stop(holder, found[0], stop)
 
-    def _stop(self, ch: Child, c: TaskClaim, stop: Callable[[Child, TaskClaim], bool],
-              status: TaskStatus, info: FailureInfo) -> None:
-        from ..tasks.runner import record_stopped
-
+    def _stop(self, ch: Child, c: TaskUnit, stop: Callable[[Child, TaskUnit], bool]) -> None:
+        """A task cancelled while it ran: its child is stopped, the task CANCELLED."""
         if not stop(ch, c):  # killed and forgotten before its unit is recorded
             return  # it finished meanwhile
-        record_stopped(c.task_path, c, info, status=status)
-        log_event(logging.WARNING, "cancelled" if status == TaskStatus.CANCELLED else
-                  "timed_out", task=c.task_path, id=c.task_id, attempt=c.attempt,
-                  child=ch.pid)
+        record_stopped(c.task_path, c, FailureInfo(CANCELLED, "the task was cancelled while "
+                       "it ran and its process was stopped"), status=TaskStatus.CANCELLED)
+        log_event(logging.WARNING, "cancelled", task=c.task_path, id=c.task_id,
+                  attempt=c.attempt, child=ch.pid)
 
-    def _cancel_waiting(self, c: TaskClaim) -> None:
+    def _cancel_waiting(self, c: TaskUnit) -> None:
         """A task claimed ahead was cancelled before a child started it."""
-        from ..tasks.runner import record_stopped
-
         record_stopped(c.task_path, c, FailureInfo(CANCELLED, "the task was cancelled before "
                        "it ran"), status=TaskStatus.CANCELLED)
         log_event(logging.WARNING, "cancelled", task=c.task_path, id=c.task_id,

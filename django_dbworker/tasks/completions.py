@@ -28,14 +28,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
 
 from ..db import errors
 from ..db.connections import own_process
 from . import store as taskstore
-from .store import TaskClaim
+
+if TYPE_CHECKING:
+    from .unit import TaskUnit  # made by the planner; it imports this module's users
 
 #: Seconds one task may run before the tasks that finished before it are recorded.
 PATIENCE = 0.005
@@ -48,7 +50,7 @@ class Kept:
     """A task that succeeded and is not recorded yet. ``after`` is called once it is (with
     True) or once it turned out lost (False: taken over, cancelled, its lease expired) and
     returns what to report; ``tag`` is the caller's."""
-    claim: TaskClaim
+    claim: TaskUnit
     value: Any
     finished_at: datetime
     after: Callable[[bool], Any]

@@ -32,8 +32,8 @@ Tasks left behind stay READY and use no attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import Count, F, Q, QuerySet
@@ -41,14 +41,11 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import compiled, engine
-from ..exceptions import InvalidTaskArguments
-from ..models import ANY_QUEUE_GUARD, ConcurrencySlot, TaskRecord
+from ..models import ANY_QUEUE_GUARD, TaskRecord
+from ..units import slots
 from ..units.claimant import Claimant
-from . import registry
-from .options import MAX_KEY_LENGTH, bad_key
-
-if TYPE_CHECKING:
-    from .store import TaskClaim
+from . import registry, store
+from .store import TaskClaim
 
 #: Reads of candidates one keyed claim makes at most (the first, and the next ones past
 #: keys found full).
@@ -60,52 +57,9 @@ PAGES = 4
 FIRST_PAGE = 32
 GROWTH = 4
 MAX_PAGE = 1000
-#: Compiled statements kept at most (``_by_keys``: one per kind and number of keys).
-_MAX_COMPILED = 512
 
 
-# ----- declaration and enqueue ------------------------------------------------------------
-
-
-def keys_of(task: Any, calls: Sequence[tuple[Any, Any]]) -> list[str]:
-    """The concurrency key of each call of a task with ``concurrency_limit``: its
-    ``concurrency_key`` (a string, or a function called with the call's arguments), else
-    the task's path. Raises ``InvalidTaskArguments`` naming the call whose function fails
-    or returns anything but a non-empty string of at most 255 characters."""
-    key = task.concurrency_key
-    if key is None:
-        return [task.module_path] * len(calls)
-    if not callable(key):
-        return [key] * len(calls)
-    found = []
-    for index, (args, kwargs) in enumerate(calls):
-        try:
-            value = key(*args, **kwargs)
-        except Exception as exc:
-            raise InvalidTaskArguments(
-                f"Task {task.name!r}: its concurrency_key function raised "
-                f"{type(exc).__name__}: {exc} for call {index} (args={args!r}, "
-                f"kwargs={kwargs!r}); make it accept every call of the task. Nothing was "
-                "enqueued.") from exc
-        if bad_key(value):
-            raise InvalidTaskArguments(
-                f"Task {task.name!r}: its concurrency_key function returned {value!r} for "
-                f"call {index}; it must return a non-empty string of at most "
-                f"{MAX_KEY_LENGTH} characters without NUL, e.g. f'account-{{account_id}}'. "
-                "Nothing was enqueued.")
-        found.append(value)
-    return found
-
-
-def ensure_slots(keys: Iterable[str], using: str) -> None:
-    """The ``ConcurrencySlot`` row of each key, made where it is missing (read first, so
-    an enqueue does not lock a slot that a claim may be holding; made in key order)."""
-    wanted = set(keys)
-    manager = ConcurrencySlot.objects.using(using)
-    missing = wanted - set(manager.filter(key__in=sorted(wanted)).values_list("key", flat=True))
-    if missing:
-        manager.bulk_create([ConcurrencySlot(key=k) for k in sorted(missing)],
-                            ignore_conflicts=True)
+# ----- declaration ------------------------------------------------------------------------
 
 
 def declared() -> bool:
@@ -142,8 +96,6 @@ def claim(
     """Claim up to ``limit`` ready tasks, keyed or not, in claim order, no key beyond its
     limit (the module's docstring says how); ``exclude_queues``: paused queues, for a
     claim of every queue (``queues`` None); ``seen``: told whether a keyed task waits."""
-    from . import store
-
     if limit <= 0:
         return []
     using = conf.get().DATABASE
@@ -198,7 +150,7 @@ def _choose(using: str, now: Any, queues: list[str] | None, limit: int,
         fresh = {key for _, key, _ in page if key is not None and key not in held
                  and key not in skipped}
         if fresh:
-            locked = lock_slots(using, sorted(fresh))
+            locked = slots.lock(using, sorted(fresh))
             skipped |= fresh - locked
             held |= locked
             running.update(_running(using, locked))
@@ -280,31 +232,6 @@ def _candidates(using: str, now: Any, queues: list[str] | None, only_path: str |
         return [(to_id(pk), k, k_limit) for pk, k, k_limit in cursor.fetchall()]
 
 
-def lock_slots(using: str, keys: list[str]) -> set[str]:
-    """Lock the slots of ``keys`` that no other claim holds now; the keys locked. A slot
-    missing (deleted by hand) is made first."""
-    connection = connections[using]
-    manager = ConcurrencySlot.objects.using(using)
-
-    def build(these: list[str]) -> QuerySet[ConcurrencySlot, Any]:
-        qs = manager.filter(key__in=these).order_by("key")
-        if connection.features.has_select_for_update_skip_locked:
-            qs = qs.select_for_update(skip_locked=True)
-        return qs.values_list("key")
-
-    def lock() -> set[str]:
-        return {str(key) for key, in _by_keys(using, "lock_slots", keys, build)}
-
-    held = lock()
-    if len(held) < len(keys):
-        # Skipped (another claim holds it) or missing: only a missing one is made.
-        absent = set(keys) - set(manager.filter(key__in=keys).values_list("key", flat=True))
-        if absent:
-            ensure_slots(absent, using)
-            held = lock()
-    return held
-
-
 def _running(using: str, keys: set[str] | None) -> dict[str, int]:
     """How many tasks of each of ``keys`` run now (0 for none; None: of every key that has
     one), through the index ``dbworker_task_keyed_running``."""
@@ -319,36 +246,9 @@ def _running(using: str, keys: set[str] | None) -> dict[str, int]:
                 .values_list("concurrency_key", "n"))
 
     found = dict.fromkeys(keys or (), 0)
-    for key, n in _by_keys(using, "running", None if keys is None else sorted(keys), build):
+    for key, n in slots.by_keys(using, "running", None if keys is None else sorted(keys), build):
         found[str(key)] = n
     return found
-
-
-_compiled: dict[tuple[Any, ...], tuple[str, bool]] = {}
-
-
-def _by_keys(using: str, what: str, keys: list[str] | None,
-             build: Callable[[Any], QuerySet[Any, Any]]) -> list[tuple[Any, ...]]:
-    """The rows of ``build(keys)``, a query whose only parameters are ``keys`` (None: no
-    parameter), in their order: compiled once per ``what`` and number of keys (compiling
-    with the ORM costs about as much as the statement), else every time."""
-    connection = connections[using]
-    cache_key = (using, engine(using), what, None if keys is None else len(keys))
-    entry = _compiled.get(cache_key)
-    if entry is None:
-        probes = None if keys is None else [f"\x01probe{i:06d}" for i in range(len(keys))]
-        sql, params = compiled.compile_query(build(probes), using)
-        if len(_compiled) >= _MAX_COMPILED:
-            _compiled.clear()
-        _compiled[cache_key] = entry = (sql, params == (probes or []))
-    sql, reusable = entry
-    if reusable:
-        params = list(keys or ())
-    else:  # the keys are not all its parameters: compiled every time
-        sql, params = compiled.compile_query(build(keys), using)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return list(cursor.fetchall())
 
 
 def running_counts(keys: Iterable[str]) -> dict[str, int]:

@@ -15,10 +15,12 @@ from django.db import transaction
 from .. import conf
 from ..db import refuse_unusable
 from ..djtasks import InvalidTask, Task
+from ..units import slots
 from ..workflows import dependencies
-from . import concurrency, newtasks, uniqueness
+from . import newtasks, uniqueness
 from . import store as taskstore
 from .newtasks import encoded, rows_of, send_enqueued
+from .options import concurrency_keys
 from .results import new_results, to_result
 from .task import DBWorkerTask, unique_wanted
 
@@ -123,7 +125,7 @@ def _enqueue_keyed(backend: Backend, task: DBWorkerTask, shared: Any, ids: list[
     value of the insert), the keys' slots made first (``tasks.concurrency``)."""
     rows = rows_of(task, shared, ids, calls, 0)
     encoded(task, rows, 0)  # refuses, naming the call, what is not JSON or too large
-    keys = concurrency.keys_of(task, [(r.args, r.kwargs) for r in rows])
+    keys = concurrency_keys(task, [(r.args, r.kwargs) for r in rows])
     limit = task.concurrency_limit
     groups: dict[str, list[newtasks.NewTask]] = {}
     for row, k in zip(rows, keys, strict=True):
@@ -137,7 +139,7 @@ def _enqueue_keyed(backend: Backend, task: DBWorkerTask, shared: Any, ids: list[
     using = conf.get().DATABASE
 
     def store() -> list[Any]:
-        concurrency.ensure_slots(groups, using)
+        slots.ensure(groups, using)
         if key is not None:
             return taskstore.insert(rows, idempotency_key=key)
         taskstore.insert_batches(

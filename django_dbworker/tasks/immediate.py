@@ -17,9 +17,12 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import conf, progress
+from .. import conf
 from ..models import TaskDependency, TaskRecord, TaskStatus
+from ..units import progress
 from ..units.claimant import Claimant
+from ..units.running import run_here
+from . import planner
 from . import store as taskstore
 
 #: Most attempts one enqueue runs in the caller (a task with retries=1_000_000 that always
@@ -30,7 +33,6 @@ MAX_ATTEMPTS = 10_000
 def run(ids: Iterable[Any]) -> int:
     """Run the tasks ``ids`` (and the dependents their ends release) in this process until
     none of them is claimable now; returns how many attempts ran."""
-    from ..supervisor import units  # imported late: the supervisor imports the backend
 
     config = conf.get()
     using = config.DATABASE
@@ -40,7 +42,7 @@ def run(ids: Iterable[Any]) -> int:
     try:
         while todo:
             with transaction.atomic(using=using):
-                claims = taskstore.claim_ids(list(todo), claimant, config.LEASE_SECONDS,
+                claims = planner.claim_ids(list(todo), claimant, config.LEASE_SECONDS,
                                              timezone.now(), held=False)
             if not claims:
                 return attempts
@@ -53,7 +55,7 @@ def run(ids: Iterable[Any]) -> int:
                     "(django_dbworker.tasks.immediate.MAX_ATTEMPTS).")
             ran = [c.unit_pk for c in claims]
             for claim in sorted(claims, key=taskstore.claim_order):
-                units.run_here(claim)
+                run_here(claim)
                 attempts += 1
             records = TaskRecord.objects.using(using)
             # A retry runs at once: the caller waits for the task's end, not its delay.

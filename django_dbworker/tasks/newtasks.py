@@ -29,9 +29,10 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import engine_for
-from ..djtasks import Task, TaskResult, normalize_json, task_enqueued
+from ..djtasks import Task, TaskResult, task_enqueued
 from ..exceptions import InvalidTaskArguments
 from ..models import TaskRecord, TaskStatus
+from .arguments import has_nul, plain
 
 #: Rows per statement of one enqueue call: small enough that the first batch reaches the
 #: server soon (it stores a batch while the next is built), large enough that a statement's
@@ -180,28 +181,6 @@ _VARIANT_RFC_4122 = bytes(b & 0x3F | 0x80 for b in range(256))
 #: Where each hex digit of an id goes in its canonical text (after the hyphens before it).
 _ID_PLACES = [d + (d >= 8) + (d >= 12) + (d >= 16) + (d >= 20) for d in range(32)]
 
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-_STR = frozenset({str})
-
-
-def plain(value: Any) -> Any:
-    """``normalize_json(value)``, without its per-value ``match`` for what is already plain:
-    builtin scalars, lists, tuples and dicts with string keys; anything else (other
-    mappings and sequences, bytes, dicts with other keys) goes to ``normalize_json``."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is list or kind is tuple:
-        if _SCALARS.issuperset(map(type, value)):  # flat: copied in C
-            return list(value)
-        return [v if type(v) in _SCALARS else plain(v) for v in value]
-    if kind is dict and _STR.issuperset(map(type, value)):
-        if _SCALARS.issuperset(map(type, value.values())):
-            return dict(value)
-        return {k: v if type(v) in _SCALARS else plain(v) for k, v in value.items()}
-    return normalize_json(value)
-
-
 def encode(rows: list[NewTask]) -> str:
     """The rows as one JSON array of ``[id, args, kwargs]``: one C call for all of them.
 
@@ -223,18 +202,6 @@ def first_bad(rows: list[NewTask]) -> tuple[int, Exception] | None:
 
 #: How a NUL character (U+0000) looks in ``encode``'s text; PostgreSQL's jsonb refuses it.
 NUL_ESCAPED = "\\u0000"
-
-
-def has_nul(value: Any) -> bool:
-    """Whether a NUL character is in any string or dict key of the plain ``value``."""
-    kind = type(value)
-    if kind is str:
-        return "\x00" in value
-    if kind is list or kind is tuple:
-        return any(has_nul(v) for v in value)
-    if kind is dict:
-        return any("\x00" in k or has_nul(v) for k, v in value.items())
-    return False
 
 
 def first_poison(rows: list[NewTask], payload: str,

@@ -7,11 +7,13 @@ from here."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .. import conf
 from ..djtasks import InvalidTask
+from ..exceptions import InvalidTaskArguments
 
 if TYPE_CHECKING:
     from .task import DBWorkerTask
@@ -129,3 +131,33 @@ def check_concurrency_key(where: str, key: Any, what: str) -> None:
             f"{where}: {what}={key!r} must be a non-empty string of at most "
             f"{MAX_KEY_LENGTH} characters without NUL (or, in @task, a function of the "
             "call's arguments returning one), e.g. f'account-{account_id}'.")
+
+
+def concurrency_keys(task: Any, calls: Sequence[tuple[Any, Any]]) -> list[str]:
+    """The concurrency key of each call of a task with ``concurrency_limit``: its
+    ``concurrency_key`` (a string, or a function called with the call's arguments), else
+    the task's path. Raises ``InvalidTaskArguments`` naming the call whose function fails
+    or returns anything but a non-empty string of at most 255 characters."""
+    key = task.concurrency_key
+    if key is None:
+        return [task.module_path] * len(calls)
+    if not callable(key):
+        return [key] * len(calls)
+    found = []
+    for index, (args, kwargs) in enumerate(calls):
+        try:
+            value = key(*args, **kwargs)
+        except Exception as exc:
+            raise InvalidTaskArguments(
+                f"Task {task.name!r}: its concurrency_key function raised "
+                f"{type(exc).__name__}: {exc} for call {index} (args={args!r}, "
+                f"kwargs={kwargs!r}); make it accept every call of the task. Nothing was "
+                "enqueued.") from exc
+        if bad_key(value):
+            raise InvalidTaskArguments(
+                f"Task {task.name!r}: its concurrency_key function returned {value!r} for "
+                f"call {index}; it must return a non-empty string of at most "
+                f"{MAX_KEY_LENGTH} characters without NUL, e.g. f'account-{{account_id}}'. "
+                "Nothing was enqueued.")
+        found.append(value)
+    return found

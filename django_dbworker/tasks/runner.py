@@ -7,13 +7,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .. import conf, progress
+from .. import conf
 from ..db import engine, errors
 from ..db.connections import connected
 from ..djtasks import (
@@ -28,7 +29,7 @@ from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..logs import log_event
 from ..models import TaskStatus
 from ..outcomes import Result, RunOutcome, Snooze
-from ..supervisor import aio
+from ..units import aio, progress
 from ..units.failures import FailureInfo, class_path, format_traceback, recording, safe_message
 from . import registry as task_registry
 from . import retry, snooze
@@ -37,6 +38,9 @@ from .completions import Kept
 from .results import to_result
 from .store import TaskClaim
 from .task import DBWorkerTask
+
+if TYPE_CHECKING:
+    from .unit import TaskUnit  # the unit runs itself through run_task
 
 logger = logging.getLogger("django_dbworker")
 
@@ -50,7 +54,7 @@ LOST_WHY = ("cancelled, taken over, or its lease expired (its supervisor could n
             "it) before it finished; not recorded")
 
 
-def run_task(c: TaskClaim, keep: Callable[[Kept], None] | None = None) -> Result | None:
+def run_task(c: TaskUnit, keep: Callable[[Kept], None] | None = None) -> Result | None:
     """Run ``c`` and record what happened; returns the outcome for the supervisor.
 
     ``keep``: a success is not recorded here but handed to it (``completions``), to be
@@ -167,7 +171,7 @@ def _unrunnable(c: TaskClaim, info: FailureInfo, started: float) -> Result:
 
 
 def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    if aio.bound():  # an async unit: its coroutine runs on the child's loop (supervisor/aio)
+    if aio.bound():  # an async unit: its coroutine runs on the child's loop (units/aio)
         if task.takes_context:
             return aio.resolve(task.func(TaskContext(task_result=result), *args, **kwargs))
         return aio.resolve(task.func(*args, **kwargs))
@@ -220,7 +224,7 @@ def _nul_in(value: Any, path: str) -> str | None:
 
 def _failed(task: Any, c: TaskClaim, exc: BaseException, started: float) -> Result:
     _reset_connection()
-    if aio.is_cancel(exc):  # cancelled on its child's loop (supervisor/aio.py)
+    if aio.is_cancel(exc):  # cancelled on its child's loop (units/aio.py)
         info = FailureInfo.caught(exc)
         with recording("its cancel"):
             stopped = record_stopped(c.task_path, c, info, status=TaskStatus.CANCELLED)
@@ -258,14 +262,24 @@ def _snoozed(task: Any, c: TaskClaim, snoozed: int, exc: Snooze, started: float)
     if snooze.cancel_requested(c):
         info = FailureInfo("django_dbworker.exceptions.TaskCancelled",
                            "the task was cancelled while it ran; it snoozed, so it stops")
-        if record_stopped(c.task_path, c, info, status=TaskStatus.CANCELLED):
+        if record_stopped(c.task_path, c, info, status=TaskStatus.CANCELLED).changed:
             return _result(c, FAILED, started, info.message, level=logging.WARNING)
     return _result(c, LOST, started, LOST_WHY)
 
 
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """What ``record_stopped`` recorded: rows changed (0: the claim was lost), and whether
+    a retry comes."""
+
+    changed: int
+    retrying: bool
+
+
 def record_stopped(task_path: str, c: TaskClaim, info: FailureInfo, *,
-                   status: TaskStatus) -> int:
-    """The supervisor stopped the task's process (timeout or cancel): record it."""
+                   status: TaskStatus) -> Stopped:
+    """The supervisor stopped the task's process (timeout or cancel): record it (a timeout
+    its ``retry_for`` takes is retried)."""
     try:
         task = task_registry.resolve(task_path)
     except UnknownTask:
@@ -278,7 +292,7 @@ def record_stopped(task_path: str, c: TaskClaim, info: FailureInfo, *,
     if changed and retry_at is None and task is not None:
         _callback(task, "on_failure", c, None)
         _finished_signal(task, c)
-    return changed
+    return Stopped(changed, bool(changed) and retry_at is not None)
 
 
 def _retried(record: Callable[[], int]) -> int:

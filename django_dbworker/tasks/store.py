@@ -3,7 +3,7 @@
     (enqueue)   -> READY        insert (run_after, priority, queue)
     (enqueue)   -> WAITING      insert with dependencies not met yet (after=[...])
     (enqueue)   -> CANCELLED    insert after a dependency already failed
-    WAITING     -> READY        release: its last dependency was met (workflows.release)
+    WAITING     -> READY        release: its last dependency was met (tasks.dependents)
     WAITING     -> CANCELLED    a dependency failed or was cancelled (DependencyFailed)
     READY       -> RUNNING      claim
     RETRYING    -> RUNNING      claim (once available_at has passed)
@@ -32,18 +32,17 @@ import contextlib
 import dataclasses
 import functools
 import uuid
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Case, F, Func, JSONField, QuerySet, When
+from django.db.models import F, Func, JSONField, Q, QuerySet
 from django.utils import timezone
 
 from .. import conf
-from ..db import compiled, engine, engine_for, notify, sources
+from ..db import compiled, engine, engine_for, keys, notify, sources
 from ..db.engine import Claim as EngineClaim
 from ..models import (
     ANY_QUEUE_GUARD,
@@ -53,15 +52,11 @@ from ..models import (
     TaskStatus,
     Transition,
 )
-from ..rows import keys
-from ..rows.store import lease_live, one_statement
-from ..units.claimant import Claimant, by_tokens
-from ..units.failures import FailureInfo, too_many_crashes
-from . import newtasks
-from .unit import TaskUnit
-
-if TYPE_CHECKING:
-    from . import concurrency
+from ..units.claimant import Claimant
+from ..units.failures import FailureInfo
+from ..units.leases import Leases, lease_live, one_statement
+from . import dependents, newtasks
+from .errorlist import error_entry, kept_errors
 
 KEY_NAMESPACE = newtasks.KEY_NAMESPACE
 
@@ -89,7 +84,10 @@ TRANSITIONS: dict[str, Transition] = {
 
 
 @dataclass(frozen=True, slots=True)
-class TaskClaim(TaskUnit):
+class TaskClaim:
+    """A claimed task as its store knows it (``tasks.unit.TaskUnit`` is the unit the
+    supervisor runs)."""
+
     task_id: uuid.UUID
     task_path: str
     token: uuid.UUID
@@ -216,26 +214,14 @@ def claim(
     only_path: str | None = None,
     exclude_paths: list[str] | tuple[str, ...] = (),
     exclude_queues: frozenset[str] = frozenset(),
-    keyed: bool = False,
-    seen: concurrency.Seen | None = None,
 ) -> list[TaskClaim]:
-    """Claim up to ``limit`` ready tasks, highest priority first (``Engine.claim``);
-    ``exclude_queues``: paused queues, for a claim of every queue (``queues`` None).
-
-    Tasks with a concurrency key only with ``keyed`` (``tasks.concurrency.claim``: the
-    same, each key within its limit, telling ``seen`` whether a keyed task waits);
-    without, they are left for a keyed claim."""
+    """Claim up to ``limit`` ready tasks without a concurrency key, highest priority first
+    (``Engine.claim``), in one statement; ``exclude_queues``: paused queues, for a claim of
+    every queue (``queues`` None). Tasks with a concurrency key are left for the keyed
+    claim (``concurrency.claim``; ``planner.claim`` chooses)."""
     if limit <= 0:
-        if seen is not None:  # nothing read: a keyed task may wait (a bucket ran dry)
-            seen.keyed = True
         return []
     exclude = tuple(exclude_paths)
-    if keyed:
-        from . import concurrency
-
-        return concurrency.claim(queues, limit, claimant, lease, only_path=only_path,
-                                 exclude_paths=exclude, exclude_queues=exclude_queues,
-                                 seen=seen)
     using = _alias()
     connection = connections[using]
     now = timezone.now()
@@ -353,9 +339,8 @@ def claim_order(c: TaskClaim) -> tuple[int, datetime]:
 
 
 def _fenced(c: TaskClaim, using: str) -> Any:
-    return TaskRecord.objects.using(using).filter(
-        pk=c.task_id, token=c.token, status__in=TRANSITIONS["finish"]
-    )
+    assert TRANSITIONS["finish"] == {TaskStatus.RUNNING}  # what the fence guards
+    return TASKS.fenced(c, using)
 
 
 def _live(c: TaskClaim, using: str, now: datetime) -> Any:
@@ -383,7 +368,7 @@ def succeed_many(done: Sequence[tuple[TaskClaim, Any, datetime]]) -> set[uuid.UU
     Tasks nobody waits for are recorded by that one statement, which also states
     ``has_dependents = false``; a task some dependent waits for (its claim said so, or the
     statement left it: a dependent was enqueued while it ran) is recorded in a
-    transaction with the release of its dependents (``workflows.release``)."""
+    transaction with the release of its dependents (``dependents``)."""
     if not done:
         return set()
     hinted = _hinted_dependents(done)
@@ -395,9 +380,7 @@ def succeed_many(done: Sequence[tuple[TaskClaim, Any, datetime]]) -> set[uuid.UU
         with transaction.atomic(using=using):
             ended = _succeed(rest, lone=False)
             if ended:
-                from ..workflows.release import resolve
-
-                resolve(using, [(pk, TaskStatus.SUCCESSFUL) for pk in ended])
+                dependents.resolve(using, [(pk, TaskStatus.SUCCESSFUL) for pk in ended])
         recorded |= ended
     return recorded
 
@@ -443,26 +426,6 @@ def _succeed(done: Sequence[tuple[TaskClaim, Any, datetime]], *, lone: bool) -> 
     return {to_id(value) for (value,) in changed}
 
 
-def error_entry(info: FailureInfo, attempt: int, when: datetime) -> dict[str, Any]:
-    return {
-        "exception_class_path": info.exception_class,
-        "message": info.message,
-        "traceback": info.traceback,
-        "attempt": attempt,
-        "at": when.isoformat(),
-    }
-
-
-def kept_errors(stored: Any) -> list[Any]:
-    """The stored errors a new one is added to: only the objects of a list (a value
-    changed outside django-dbworker, say by an UPDATE, is not kept)."""
-    if not isinstance(stored, list):
-        return []
-    return [e for e in stored if isinstance(e, dict)
-            and isinstance(e.get("exception_class_path"), str)
-            and isinstance(e.get("traceback"), str)]
-
-
 def fail_attempt(
     c: TaskClaim, info: FailureInfo, *, retry_at: datetime | None,
     status: TaskStatus = TaskStatus.FAILED, live: bool = False,
@@ -491,115 +454,56 @@ def fail_attempt(
 
 
 def _resolve(using: str, task_id: Any, status: str) -> None:
-    """The dependents of a task that just ended ``status`` (``workflows.release``)."""
-    from ..workflows.release import resolve
-
-    resolve(using, [(task_id, status)])
+    """The dependents of a task that just ended ``status`` (``dependents``)."""
+    dependents.resolve(using, [(task_id, status)])
 
 
-def release(c: TaskClaim, *, crashed: FailureInfo | None, max_crashes: int) -> int:
-    """Give a cut-off task back: ready again, or FAILED once it crashed too often."""
-    using = _alias()
-    now = timezone.now()
-    with transaction.atomic(using=using):
-        qs = _fenced(c, using)
-        back = {"token": None, "lease_expires_at": None, "available_at": now}
-        if crashed is None:
-            return qs.update(status=TaskStatus.READY, **back)
-        if qs.filter(crashes__gte=max_crashes - 1).update(crashes=F("crashes") + 1):
-            return fail_attempt(c, too_many_crashes(crashed, max_crashes), retry_at=None)
-        row = qs.select_for_update().values("errors").first()
+class Tasks(Leases):
+    """The tasks' table of leased units (the kind ``task``)."""
+
+    name = "task"
+    model = TaskRecord
+    status = "status"
+    held_status = TaskStatus.RUNNING
+    back_status = TaskStatus.READY
+
+    def held(self, using: str) -> Any:
+        return TaskRecord.objects.using(using).running()  # the index dbworker_task_running
+
+    def claim_of(self, pk: Any, attempt: int, token: uuid.UUID, now: datetime) -> TaskClaim:
+        return TaskClaim(pk, "", token, attempt, now, now)
+
+    def crashed_too_often(self, c: Any, fenced: Any, info: FailureInfo, now: datetime,
+                          back: dict[str, Any]) -> int:
+        if fenced.update(crashes=F("crashes") + 1):  # counted, as a row's last crash is
+            return fail_attempt(c, info, retry_at=None)
+        return 0
+
+    def crashed(self, c: Any, fenced: Any, info: FailureInfo, now: datetime,
+                back: dict[str, Any]) -> int:
+        """READY with one more crash, and the crash in its errors."""
+        row = fenced.select_for_update().values("errors").first()
         if row is None:
             return 0
-        errors = [*kept_errors(row["errors"]), error_entry(crashed, c.attempt, now)]
-        return qs.update(status=TaskStatus.READY, crashes=F("crashes") + 1, errors=errors,
-                         **back)
+        errors = [*kept_errors(row["errors"]), error_entry(info, c.attempt, now)]
+        return fenced.update(status=TaskStatus.READY, crashes=F("crashes") + 1, errors=errors,
+                             **back)
+
+    def unclaimed(self, using: str, first: Q) -> dict[str, Any]:
+        """READY, with the worker id the claim added taken back."""
+        return {"status": TaskStatus.READY,
+                "worker_ids": Func(F("worker_ids"), template=engine(using).json_drop_last(),
+                                   output_field=JSONField())}
 
 
-def unclaim(claims: list[TaskClaim]) -> int:
-    """Give back tasks claimed ahead that never ran, fenced by their tokens: not a crash.
-
-    READY again with the attempt and the worker id the claim added taken back (a task
-    that had not started before gets no ``started_at``); ``available_at`` is kept.
-    """
-    if not claims:
-        return 0
-    using = _alias()
-    last_removed = Func(F("worker_ids"), template=engine(using).json_drop_last(),
-                        output_field=JSONField())
-    return TaskRecord.objects.using(using).filter(
-        by_tokens(claims), status__in=TRANSITIONS["unclaim"]
-    ).update(
-        status=TaskStatus.READY,
-        attempts=F("attempts") - 1,
-        started_at=Case(When(attempts__lte=1, then=None), default=F("started_at")),
-        worker_ids=last_removed,
-        token=None,
-        lease_expires_at=None,
-    )
-
-
-def renew(claimant: Claimant, lease: float) -> int:
-    """Extend the lease of every task ``claimant`` holds (RUNNING with its supervisor id:
-    running, waiting in a child or claimed ahead): one statement, through the index
-    ``dbworker_task_running``."""
-    return TaskRecord.objects.using(_alias()).running().filter(
-        supervisor_id=claimant.supervisor_id
-    ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
-
-
-def reap(max_crashes: int, spare: Claimant | None = None) -> int:
-    """Take back tasks whose lease expired, except those of ``spare`` (as ``rows.store.reap``)."""
-    using = _alias()
-    now = timezone.now()
-    qs = TaskRecord.objects.using(using).running()  # the index dbworker_task_running
-    if spare is not None:
-        qs = qs.exclude(supervisor_id=spare.supervisor_id)
-    rows = list(
-        qs.filter(lease_expires_at__lt=now)
-        .values_list("pk", "task_path", "attempts", "token")[:1000]
-    )
-    info = FailureInfo(
-        "django_dbworker.exceptions.LeaseLost",
-        "the lease of this task expired while it ran: its supervisor stopped renewing it "
-        "(process killed, paused or cut off from the database)",
-    )
-    return sum(
-        # A RUNNING task has a token (nullable only for the other statuses).
-        release(TaskClaim(pk, path, cast(uuid.UUID, token), attempt, now, now), crashed=info,
-                max_crashes=max_crashes)
-        for pk, path, attempt, token in rows
-    )
-
-
-def reap_held(holders: dict[uuid.UUID, FailureInfo | None],
-              max_crashes: int) -> Counter[uuid.UUID]:
-    """Take back the tasks gone supervisors still hold (RUNNING with one of their ids),
-    through the index ``dbworker_task_running``, as ``rows.store.reap_held``."""
-    using = _alias()
-    now = timezone.now()
-    rows = TaskRecord.objects.using(using).running().filter(
-        supervisor_id__in=list(holders)).values_list(
-        "pk", "task_path", "attempts", "token", "supervisor_id")[:1000]
-    taken: Counter[uuid.UUID] = Counter()
-    for pk, path, attempt, token, holder in list(rows):
-        c = TaskClaim(pk, path, cast(uuid.UUID, token), attempt, now, now)  # RUNNING
-        by = cast(uuid.UUID, holder)  # one of ``holders``
-        taken[by] += release(c, crashed=holders[by], max_crashes=max_crashes)
-    return taken
-
-
-def release_untracked(claimant: Claimant, held: set[tuple[Any, uuid.UUID]]) -> int:
-    """Give back the tasks ``claimant`` holds in the database but not in memory (``held``:
-    ``(id, token)`` pairs; as ``rows.store.release_untracked``)."""
-    using = _alias()
-    now = timezone.now()
-    rows = TaskRecord.objects.using(using).running().filter(
-        supervisor_id=claimant.supervisor_id
-    ).values_list("pk", "task_path", "attempts", "token")
-    return sum(release(TaskClaim(pk, path, cast(uuid.UUID, token), attempt, now, now),
-                       crashed=None, max_crashes=1)  # RUNNING: it has a token
-               for pk, path, attempt, token in list(rows) if (pk, token) not in held)
+#: The tasks' lease life cycle (``units.leases``), and its roads by name.
+TASKS = Tasks()
+release = TASKS.release
+unclaim = TASKS.unclaim
+renew = TASKS.renew
+reap = TASKS.reap
+reap_held = TASKS.reap_held
+release_untracked = TASKS.release_untracked
 
 
 # ----- cancellation and retention -----------------------------------------------------
@@ -690,62 +594,6 @@ def prune(older_than: timedelta, batch: int) -> int:
     return deleted
 
 
-def claim_limited(
-    queues: list[str] | None,
-    room: int,
-    claimant: Claimant,
-    lease: float,
-    *,
-    limits: dict[str, str],
-    global_limit: str | None,
-    exclude_queues: frozenset[str] = frozenset(),
-    keyed: bool = False,
-    seen: concurrency.Seen | None = None,
-) -> list[TaskClaim]:
-    """Claim up to ``room`` tasks, respecting per-task and global start rates and priority.
-
-    ``limits`` maps task paths to their rate. In one transaction with the buckets: up to
-    ``room`` unlimited tasks and, of each limited task, what its bucket allows; of those,
-    the ``room`` first in claim order (priority, then age) are kept and the others given
-    back at once, so a limited task of high priority is not starved by unlimited ones.
-    Buckets pay only for the tasks kept. ``keyed``, ``seen``: as ``claim``'s.
-    """
-    from . import ratelimit
-
-    if room <= 0:
-        return []
-    if not limits and global_limit is None:
-        # one statement (keyed: one transaction), no buckets to keep
-        return claim(queues, room, claimant, lease, exclude_queues=exclude_queues,
-                     keyed=keyed, seen=seen)
-    using = _alias()
-    with transaction.atomic(using=using):
-        overall = None
-        if global_limit is not None:
-            overall = ratelimit.reserve("__all_tasks__", global_limit, room)
-            room = overall.allowed
-        if room <= 0:
-            if overall is not None:
-                overall.consume(0)
-            return []
-        claims = claim(queues, room, claimant, lease, exclude_paths=tuple(limits),
-                       exclude_queues=exclude_queues, keyed=keyed, seen=seen)
-        buckets = []
-        for path, rate in limits.items():
-            bucket = ratelimit.reserve(f"task:{path}", rate, room)
-            claims += claim(queues, bucket.allowed, claimant, lease, only_path=path,
-                            exclude_queues=exclude_queues, keyed=keyed, seen=seen)
-            buckets.append((path, bucket))
-        claims.sort(key=claim_order)
-        claims, surplus = claims[:room], claims[room:]
-        unclaim(surplus)
-        for path, bucket in buckets:
-            bucket.consume(sum(1 for c in claims if c.task_path == path))
-        if overall is not None:
-            overall.consume(len(claims))
-    return claims
-
-
 # ----- operators' changes ---------------------------------------------------------------
 
 
@@ -774,7 +622,5 @@ def purge(queues: list[str] | None) -> int:
                        .values_list("pk", flat=True))
         deleted = qs.delete()[0]
         if awaited:  # after the delete: a dependent purged too is not cancelled
-            from ..workflows.release import resolve
-
-            resolve(using, [(pk, TaskStatus.CANCELLED) for pk in awaited])
+            dependents.resolve(using, [(pk, TaskStatus.CANCELLED) for pk in awaited])
         return deleted

@@ -2,7 +2,7 @@
 or with ``manage.py dbworker schedules``: the validation the admin form, the command and the
 supervisors share, saving and enabling rows, and the reading of the enabled rows each round.
 
-A row becomes a ``scheduling.Schedule`` only through ``to_schedule``, which refuses it with
+A row becomes a ``schedules.Schedule`` only through ``to_schedule``, which refuses it with
 ``InvalidSchedule`` (every wrong field, each with a message naming the value and the fix).
 The admin and the command refuse to save such a row; a supervisor logs it once per version
 (``stored_schedule_invalid``) and skips it. A stored schedule whose name a code-declared
@@ -28,7 +28,8 @@ from .. import conf
 from ..exceptions import InvalidSchedule, UnknownTask
 from ..logs import log_event
 from ..models import StoredSchedule
-from ..scheduling import (
+from . import registry as task_registry
+from .schedules import (
     MAX_MISFIRE_WINDOW,
     MISFIRE,
     NAME_RE,
@@ -37,7 +38,6 @@ from ..scheduling import (
     cron_syntax_problem,
     schedules,
 )
-from . import registry as task_registry
 
 #: The columns a supervisor reads each round; all but ``updated_at`` make a row's version.
 COLUMNS = ("name", "task_path", "cron", "time_zone", "args", "kwargs", "misfire",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..djtasks import InvalidTask, Task, TaskResult
 from . import registry as task_registry
 from . import retry
+from .edges import edges_of
 from .options import check_concurrency, validate_uniqueness
 from .rates import parse_rate
 
@@ -171,7 +172,7 @@ class DBWorkerTask(Task):
 
 def after_tuple(after: Any) -> Any:
     """``after`` as a tuple (a frozen task holds no list); what is not a collection of
-    items stays as it is, for ``dependencies.edges_of`` to refuse by name."""
+    items stays as it is, for ``edges.edges_of`` to refuse by name."""
     if after is None or isinstance(after, str | bytes | TaskResult):
         return after
     return tuple(after) if isinstance(after, Iterable) else after
@@ -225,8 +226,6 @@ def validate_options(where: str, task: DBWorkerTask) -> None:
         raise InvalidTask(f"{where}: run_on_failure={task.run_on_failure!r} must be True or "
                           "False.")
     if task.after:
-        from ..workflows.dependencies import edges_of
-
         edges_of(where, task.after)
 
     # ----- snooze (flow control) -----

@@ -32,9 +32,10 @@ from .. import conf
 from ..db import engine, notify
 from ..djtasks import InvalidTask
 from ..models import TaskRecord, TaskStatus, TaskUniqueness
+from ..units.slots import ensure as ensure_slots
 from . import newtasks
 from . import registry as task_registry
-from .options import check_unique_key, on_commit_error, period_seconds
+from .options import check_unique_key, concurrency_keys, on_commit_error, period_seconds
 
 if TYPE_CHECKING:
     from .enqueue import Backend
@@ -123,9 +124,7 @@ def enqueue(backend: Backend, task: DBWorkerTask,
     # (tasks.concurrency), and the keys' slots are made with the rows.
     slots: list[str | None] = [None] * len(rows)
     if task.concurrency_limit is not None:
-        from . import concurrency
-
-        slots = list(concurrency.keys_of(task, [(r.args, r.kwargs) for r in rows]))
+        slots = list(concurrency_keys(task, [(r.args, r.kwargs) for r in rows]))
     by_key = {(k, c): replace(shared, unique_key=k, concurrency_key=c,
                               concurrency_limit=task.concurrency_limit if c else None)
               for k, c in dict.fromkeys(zip(keys, slots, strict=True))}
@@ -191,8 +190,6 @@ class Plan:
                         return [(found, False)]
                 self._lock(using)
                 if self.slots:
-                    from .concurrency import ensure_slots
-
                     ensure_slots(self.slots, using)
                 out = [self._one(row, d, using) for row, d in zip(
                     self.rows, self.digests, strict=True)]

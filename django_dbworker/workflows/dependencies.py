@@ -4,7 +4,7 @@ A dependent is stored in one transaction with its edges (``TaskDependency``):
 
 1. the dependency rows are locked (``SELECT ... FOR UPDATE`` in id order; SQLite's single
    writer holds the whole file) and marked ``has_dependents``: a dependency that ends from
-   now on looks for its dependents (``workflows.release``), and one that ended before
+   now on looks for its dependents (``tasks.dependents``), and one that ended before
    shows its final status here;
 2. each edge is ``waiting`` (the dependency has not ended), ``met`` (it ended SUCCESSFUL,
    or ended at all with ``run_on_failure``) or ``broken`` (it ended FAILED or CANCELLED);
@@ -20,7 +20,7 @@ id is made when it is stored).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,6 @@ from django.utils import timezone
 
 from .. import conf
 from ..db import refuse_unusable
-from ..djtasks import TaskResult, task_backends
 from ..exceptions import InvalidDependency
 from ..models import (
     TASK_FINISHED,
@@ -41,26 +40,14 @@ from ..models import (
     TaskRecord,
     TaskStatus,
 )
+from ..tasks import dependents
+from ..tasks.dependents import broken_message, chunks
+from ..tasks.edges import Edge, edges_of
 
 if TYPE_CHECKING:
     from ..tasks.enqueue import Backend
     from ..tasks.results import DBWorkerTaskResult
     from ..tasks.task import DBWorkerTask
-
-
-@dataclass(frozen=True, slots=True)
-class Edge:
-    """One item of ``after``: a task (``dependency_id``) or a row worker's execution of
-    one row (``row_worker``, ``row_source_id``), at its place in the list."""
-
-    position: int
-    dependency_id: uuid.UUID | None = None
-    row_worker: str = ""
-    row_source_id: str | None = None
-
-    def name(self) -> str:
-        return (f"task {self.dependency_id}" if self.dependency_id is not None
-                else f"row {self.row_worker}[{self.row_source_id}]")
 
 
 @dataclass(slots=True)
@@ -78,48 +65,6 @@ class Plan:
 
 
 # ----- declaration ----------------------------------------------------------------------
-
-
-def edges_of(where: str, after: Iterable[Any]) -> list[Edge]:
-    """The edges of ``after``, in order; ``InvalidDependency`` naming a bad item."""
-    if isinstance(after, str | bytes | TaskResult) or not isinstance(after, Iterable):
-        raise InvalidDependency(
-            f"{where}: after={after!r} must be a list of task results (or task ids), e.g. "
-            "after=[result_a, result_b].")
-    return [_edge(where, i, item) for i, item in enumerate(after)]
-
-
-def _edge(where: str, position: int, item: Any) -> Edge:
-    if isinstance(item, TaskResult):
-        try:
-            backend = task_backends[item.backend]
-        except Exception:  # an alias TASKS does not have (InvalidTaskBackend)
-            backend = None
-        if not getattr(backend, "stores_dbworker_tasks", False):
-            raise InvalidDependency(
-                f"{where}: after[{position}] is a result of task backend {item.backend!r}, "
-                "which is not a DBWorkerBackend; a task can only wait for tasks stored in "
-                "django-dbworker's database.")
-        return Edge(position, _uuid(where, position, item.id))
-    if isinstance(item, uuid.UUID | str):
-        return Edge(position, _uuid(where, position, item))
-    worker, source_id = getattr(item, "worker", None), getattr(item, "source_id", None)
-    if type(item).__name__ == "RowDependency" and isinstance(worker, str):
-        return Edge(position, row_worker=worker, row_source_id=str(source_id))
-    hint = ("; enqueue it first and give its result (task.enqueue(...))"
-            if hasattr(item, "enqueue") else "")
-    raise InvalidDependency(
-        f"{where}: after[{position}] is {item!r} ({type(item).__name__}); give task results "
-        f"or task ids (str or UUID), or after_row(worker, row){hint}.")
-
-
-def _uuid(where: str, position: int, value: Any) -> uuid.UUID:
-    try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-    except ValueError:
-        raise InvalidDependency(
-            f"{where}: after[{position}] is {value!r}, which is not a task id (a UUID)."
-        ) from None
 
 
 # ----- enqueue --------------------------------------------------------------------------
@@ -161,9 +106,7 @@ def enqueue(backend: Backend, task: DBWorkerTask,
         if new:
             _write_edges(new, edges, plan, task.run_on_failure, using)
             if plan.broken is not None:
-                from .release import cancel_dependents
-
-                cancel_dependents(using, new, _broken_message(*plan.broken))
+                dependents.cancel_dependents(using, new, _broken_message(*plan.broken))
                 results = [backend.result(TaskRecord.objects.using(using).get(pk=r.id), task)
                            if uuid.UUID(r.id) in new else r for r in results]
     return results
@@ -229,7 +172,6 @@ def _new(results: list[Any], started: Any, using: str) -> list[uuid.UUID]:
     ids = [uuid.UUID(r.id) for r in results if r.enqueued_at >= started]
     if not ids:
         return []
-    from .release import chunks
 
     taken = {pk for part in chunks(ids) for pk in TaskDependency.objects.using(using)
              .filter(dependent_id__in=part).values_list("dependent_id", flat=True)}
@@ -252,11 +194,3 @@ def _write_edges(dependents: list[uuid.UUID], edges: list[Edge], plan: Plan,
 
 def _broken_message(edge: Edge, what: str, status: str) -> str:
     return broken_message(what, status)
-
-
-def broken_message(what: str, status: str) -> str:
-    """The ``DependencyFailed`` message of a dependent whose dependency ``what`` (task path
-    and id, or a row) ended ``status``."""
-    return (f"dependency {what} ended {status}, and this task waited for it to succeed: "
-            "cancelled without running (enqueue it with run_on_failure=True to run it "
-            "whatever its dependencies' outcome)")

@@ -22,6 +22,9 @@ from .. import conf
 from ..db import notify
 from ..exceptions import UnknownWorkflow
 from ..models import TaskDependency, TaskRecord, TaskStatus, Workflow
+from ..tasks.dependents import resolve
+from ..tasks.errorlist import error_entry, kept_errors
+from ..units.failures import FailureInfo
 
 if TYPE_CHECKING:
     from ..tasks.results import DBWorkerTaskResult
@@ -141,9 +144,6 @@ def cancel(row: Workflow) -> dict[str, int]:
 
 
 def _cancel_not_started(row: Workflow, using: str, now: datetime) -> int:
-    from ..tasks.store import error_entry, kept_errors
-    from ..units.failures import FailureInfo
-    from .release import resolve
 
     info = FailureInfo(CANCELLED_CLASS, "the workflow was cancelled before the task ran")
     tasks = TaskRecord.objects.using(using)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from .. import conf, progress
+from .. import conf
 from ..models import TaskDependency, TaskRecord, TaskStatus
+from ..units import progress
 
 
 def dependency_results() -> list[Any]:

@@ -23,7 +23,7 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from .. import conf
-from ..db import notify
+from ..db import keys, notify
 from ..models import (
     DependencyCondition,
     DependencyState,
@@ -32,8 +32,8 @@ from ..models import (
     TaskDependency,
     TaskStatus,
 )
-from ..registry import Worker, workers
-from ..rows import keys
+from ..rows.registry import Worker, workers
+from ..tasks.dependents import broken_message, cancel_with, lower_waiting, resolve
 
 #: Waiting row edges resolved per transaction (the next batch at the next run).
 BATCH = 500
@@ -113,7 +113,7 @@ def ended_rows(using: str, limit: int = BATCH) -> QuerySet[TaskDependency, Any]:
 
 def release_ended_rows(using: str | None = None, limit: int = BATCH) -> int:
     """Resolve the waiting edges on rows whose execution ended, each once, and release or
-    cancel their dependents (``workflows.release``); how many edges were resolved."""
+    cancel their dependents (``tasks.dependents``); how many edges were resolved."""
     using = using or conf.get().DATABASE
     found = list(ended_rows(using, limit))
     if not found:
@@ -123,8 +123,6 @@ def release_ended_rows(using: str | None = None, limit: int = BATCH) -> int:
 
 
 def _resolve(using: str, found: list[tuple[Any, ...]]) -> int:
-    from .dependencies import broken_message
-    from .release import cancel_with, lower_waiting, resolve
 
     now = timezone.now()
     edges = TaskDependency.objects.using(using)

@@ -18,7 +18,7 @@ from PIL import Image as Pillow
 
 from django_dbworker import ExecutionStatus, execution_status, workers
 from django_dbworker.models import Execution, Supervisor
-from django_dbworker.scheduling import schedules
+from django_dbworker.tasks.schedules import schedules
 from django_dbworker.testing import run_until_idle
 
 from . import samples

@@ -20,7 +20,7 @@ from django_dbworker.djtasks import task_backends
 from django_dbworker.exceptions import UnknownWorker
 from django_dbworker.logs import JsonFormatter
 from django_dbworker.management.forked import CheckProcessKilled, run_forked
-from django_dbworker.registry import workers
+from django_dbworker.rows.registry import workers
 from django_dbworker.supervisor.embedding import die_with_parent
 from django_dbworker.supervisor.supervisor import Options, Supervisor
 

@@ -1,4 +1,5 @@
-"""The task duties: stopping tasks that timed out or were cancelled, cron, retention."""
+"""The task duties: stopping tasks whose cancel was asked for, cron, retention (timeouts
+of both kinds: ``duties.timeouts``)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from ...conf import Config
 from ...db import space
 from ...db.connections import connected
 from ...logs import log_event
-from ...scheduling import Scheduler
 from ...tasks import store as taskstore
+from ...tasks.scheduler import Scheduler
 from .base import Every, Periodic
 
 if TYPE_CHECKING:
-    from ...tasks.store import TaskClaim
+    from ...tasks.unit import TaskUnit
     from ..pool import Child
     from ..prefetch import Prefetch
     from ..taskwork import TaskWork
@@ -31,13 +32,13 @@ PRUNE_ERROR_INTERVAL = 60.0
 
 
 class TaskStops(Periodic):
-    """Every round: stop tasks that ran past their timeout; every ``CANCEL_POLL`` also
-    those whose cancel was asked for (``TaskWork.maintain``)."""
+    """Every ``CANCEL_POLL``: stop the tasks whose cancel was asked for, running or
+    claimed ahead (``TaskWork.maintain``)."""
 
     name = "task_stops"
 
     def __init__(self, work: TaskWork, children: Callable[[], list[Child]],
-                 stop: Callable[[Child, TaskClaim], bool], waiting: Prefetch) -> None:
+                 stop: Callable[[Child, TaskUnit], bool], waiting: Prefetch) -> None:
         super().__init__(0.0)
         self.tasks = work
         self.children = children

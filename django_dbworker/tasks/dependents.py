@@ -1,4 +1,5 @@
-"""The release side of dependencies: what a task's end does to the tasks waiting for it.
+"""The release side of dependencies, part of the task state machine: what a task's end
+does to the tasks waiting for it (the edges are written by ``workflows.dependencies``).
 
 ``resolve`` runs in the transaction that writes a final status (SUCCESSFUL, FAILED,
 CANCELLED) of tasks with ``has_dependents``; a retry (RETRYING) never calls it. For each
@@ -35,6 +36,7 @@ from ..models import (
     TaskStatus,
 )
 from ..units.failures import FailureInfo
+from .errorlist import error_entry, kept_errors
 
 FAILED_CLASS = "django_dbworker.exceptions.DependencyFailed"
 #: Ids per statement (an IN list).
@@ -133,7 +135,6 @@ def _cancel(using: str, broken: dict[uuid.UUID, tuple[uuid.UUID, str]],
             now: datetime) -> dict[uuid.UUID, str]:
     """End the dependents of broken edges CANCELLED, each naming its dependency; the ones
     that have dependents of their own, to resolve next."""
-    from .dependencies import broken_message
 
     if not broken:
         return {}
@@ -152,7 +153,6 @@ def cancel_dependents(using: str, dependents: list[uuid.UUID], message: str) -> 
 
 def cancel_with(using: str, messages: dict[uuid.UUID, str],
                  now: datetime) -> dict[uuid.UUID, str]:
-    from ..tasks.store import error_entry, kept_errors
 
     tasks = TaskRecord.objects.using(using)
     rows = [row for ids in chunks(sorted(messages)) for row in (
@@ -170,3 +170,11 @@ def cancel_with(using: str, messages: dict[uuid.UUID, str],
             cascade[pk] = TaskStatus.CANCELLED
     notify.announce_ended(using, ended)
     return cascade
+
+
+def broken_message(what: str, status: str) -> str:
+    """The ``DependencyFailed`` message of a dependent whose dependency ``what`` (task path
+    and id, or a row) ended ``status``."""
+    return (f"dependency {what} ended {status}, and this task waited for it to succeed: "
+            "cancelled without running (enqueue it with run_on_failure=True to run it "
+            "whatever its dependencies' outcome)")

@@ -57,7 +57,7 @@ def concurrent(c: Any) -> bool:
     group = c.group
     known = _concurrent.get(group)
     if known is None:
-        known = _concurrent[group] = _is_concurrent(c)
+        known = _concurrent[group] = c.concurrent()
     return known
 
 
@@ -95,32 +95,6 @@ def admit(caps: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
         return caps is None or caps(c)
 
     return allowed
-
-
-def _is_concurrent(c: Any) -> bool:
-    if c.kind.name == "execution":
-        from ..registry import workers
-
-        worker = workers.get(c.worker)
-        return worker is not None and beside_others(worker)
-    from ..tasks import registry
-
-    task = registry.known().get(c.task_path)
-    return (task is not None and not getattr(task, "transactional", False)
-            and inspect.iscoroutinefunction(task.func))
-
-
-def timeout_of(c: Any) -> tuple[float | None, str]:
-    """Seconds unit ``c`` may run and the word for what runs (``task``, ``handler``)."""
-    if c.kind.name == "execution":
-        from ..registry import workers
-
-        worker = workers.get(c.worker)
-        return (worker.timeout_seconds if worker is not None else None), "handler"
-    from ..tasks import registry
-
-    task = registry.known().get(c.task_path)
-    return (task.timeout_seconds if task is not None else None), "task"
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +255,7 @@ class AsyncUnits:
             self._begin()
         assert self._pool is not None and self._loop is not None
         self.running.add(seq)
-        timeout, what = timeout_of(claim)
+        timeout, what = claim.timeout()
         self._pool.submit(self._unit, Binding(self._loop, timeout, what, seq, self._tasks,
                                               self._cancelled), seq, claim)
 

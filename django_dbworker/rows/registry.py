@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import models
 from django.db.models.query import QuerySet
 
-from .exceptions import InvalidWorker, UnknownWorker
-from .tasks import retry
-from .tasks.options import MAX_LIMIT, bad_limit
+from ..db.keys import pk_field
+from ..exceptions import InvalidWorker, UnknownWorker
+from ..tasks import retry
+from ..tasks.options import MAX_LIMIT, bad_limit
 
 if TYPE_CHECKING:
-    from .outcomes import Outcome
+    from ..outcomes import Outcome
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 MAX_NAME_LENGTH = 100
@@ -114,13 +115,13 @@ class Worker:
 
     def state(self, pk: Any) -> dict[str, Any]:
         """Everything known of this worker's execution on the row with primary key ``pk``."""
-        from .rows.status import execution_state
+        from .status import execution_state
 
         return execution_state(self, pk)
 
     def reset_failed(self, pk: Any) -> bool:
         """Put a FAILED execution back to UNFINISHED; True if one was reset."""
-        from .rows import store
+        from . import store
 
         return store.reset_failed(self, pk)
 
@@ -336,8 +337,6 @@ def key_too_long(source: type[models.Model]) -> str | None:
     a max_length, could be saved by the user and then fail every insert of its pending
     execution (PostgreSQL: ``value too long for type character varying(255)``).
     """
-    from .rows.keys import pk_field
-
     field = pk_field(source)
     if not isinstance(field, models.CharField | models.TextField):
         return None

@@ -16,9 +16,9 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import conf
-from .db import engine_for
-from .models import Execution, TaskRecord
+from .. import conf
+from ..db import engine_for
+from ..models import Execution, TaskRecord
 
 
 @dataclass(slots=True)
@@ -32,7 +32,7 @@ class Unit:
 
 current: ContextVar[Unit | None] = ContextVar("dbworker_progress_unit", default=None)
 #: The progress connection of each thread (a Django connection serves only the thread
-#: that made it: async units write progress from other threads, ``supervisor/aio.py``).
+#: that made it: async units write progress from other threads, ``units/aio.py``).
 _side: dict[tuple[int, int], BaseDatabaseWrapper] = {}
 
 
