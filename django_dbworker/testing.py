@@ -22,6 +22,9 @@ from .supervisor import units
 from .supervisor.pauses import Pauses
 from .tasks import concurrency
 from .tasks import planner as taskplanner
+from .tasks.scheduler import Scheduler
+from .tasks.schedules import schedules
+from .tasks.stored_schedules import StoredSource
 from .units import progress
 from .units.claimant import Claimant
 from .workflows.rows import release_ended_rows
@@ -196,10 +199,6 @@ class Schedules:
     MAX_TICKS = 100_000
 
     def __init__(self) -> None:
-        from .tasks.scheduler import Scheduler
-        from .tasks.schedules import schedules
-        from .tasks.stored_schedules import StoredSource
-
         self._last = timezone.now()
         self._scheduler = Scheduler(schedules(), now=self._last, stored=StoredSource())
         self._scheduler.refresh(self._last)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.utils import timezone
 
+from .. import conf
 from ..db import engine_for, keys
 from ..models import Execution
 from ..units import slots
@@ -146,6 +147,4 @@ def claim(worker: Worker, limit: int, claimant: Claimant, lease: float) -> list[
 
 
 def conf_alias() -> str:
-    from .. import conf
-
     return conf.get().DATABASE

@@ -11,6 +11,8 @@ from ..djtasks import TASK_REFRESH_ATTRS, Task, TaskError, TaskResult, TaskResul
 from ..exceptions import DBWorkerError, UnknownTask
 from ..models import TaskRecord, TaskStatus
 from . import registry as task_registry
+from .forget import forget
+from .waiting import await_end, wait
 
 DJANGO_STATUS = {
     TaskStatus.READY: TaskResultStatus.READY,
@@ -72,8 +74,6 @@ class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
         error (exception class path, message, traceback) when it ended FAILED or
         CANCELLED. ``ResultTimeout`` (a TimeoutError) if it had not ended in time; the
         task goes on. The result is refreshed (``refresh()``)."""
-        from .waiting import wait
-
         return wait(self, timeout)
 
     def forget(self) -> bool:
@@ -81,14 +81,10 @@ class DBWorkerTaskResult(TaskResult):  # type: ignore[misc]  # see above
         uniqueness key go, and ``get_result()`` no longer finds it. True if it was there.
         A waiting task is deleted before it runs (it never runs); a RUNNING one, or one
         that other tasks wait for, is refused (``CannotForget``)."""
-        from .forget import forget
-
         return forget(self.id)
 
     async def aget(self, timeout: float | None = None) -> Any:
         """``get()`` for async code: the same wait without blocking the event loop."""
-        from .waiting import await_end
-
         return await await_end(self, timeout)
 
 

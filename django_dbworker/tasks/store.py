@@ -44,6 +44,7 @@ from django.utils import timezone
 from .. import conf
 from ..db import compiled, engine, engine_for, keys, notify, sources
 from ..db.engine import Claim as EngineClaim
+from ..djtasks import TaskResultDoesNotExist
 from ..models import (
     ANY_QUEUE_GUARD,
     TASK_CLAIMABLE,
@@ -55,7 +56,8 @@ from ..models import (
 from ..units.claimant import Claimant
 from ..units.failures import FailureInfo
 from ..units.leases import Leases, lease_live, one_statement
-from . import dependents, newtasks
+from ..workflows import retention
+from . import dependents, newtasks, uniqueness
 from .errorlist import error_entry, kept_errors
 
 KEY_NAMESPACE = newtasks.KEY_NAMESPACE
@@ -519,8 +521,6 @@ def cancel(result_id: Any) -> bool:
     using = _alias()
     row = get(result_id)
     if row is None:
-        from ..djtasks import TaskResultDoesNotExist
-
         raise TaskResultDoesNotExist(str(result_id))
     now = timezone.now()
     info = FailureInfo("django_dbworker.exceptions.TaskCancelled",
@@ -564,8 +564,6 @@ def cancel_requested(task_ids: list[uuid.UUID]) -> list[uuid.UUID]:
 def prune_batch(cutoff: datetime, batch: int) -> int:
     """Delete up to ``batch`` tasks that finished before ``cutoff``, and the uniqueness
     keys they hold (``uniqueness.forget_holders``)."""
-    from . import uniqueness
-
     using = _alias()
     ids = list(
         TaskRecord.objects.using(using).finished()
@@ -583,8 +581,6 @@ def prune_batch(cutoff: datetime, batch: int) -> int:
 def prune(older_than: timedelta, batch: int) -> int:
     """Delete every finished task older than ``older_than``, ``batch`` rows at a time,
     then the workflows left without a task (``workflows.retention``)."""
-    from ..workflows import retention
-
     cutoff = timezone.now() - older_than
     deleted = 0
     while n := prune_batch(cutoff, batch):

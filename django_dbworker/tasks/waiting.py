@@ -25,6 +25,7 @@ from django.db import connections
 
 from .. import conf
 from ..db import engine_for, notify, pooler
+from ..djtasks import TaskResultDoesNotExist
 from ..exceptions import ResultTimeout, TaskFailed
 from ..models import TASK_FINISHED, TaskRecord, TaskStatus
 
@@ -84,8 +85,6 @@ def _check_timeout(timeout: float | None) -> None:
 
 def _ended(result: DBWorkerTaskResult, status: str | None) -> bool:
     if status is None:
-        from ..djtasks import TaskResultDoesNotExist
-
         raise TaskResultDoesNotExist(
             f"Task result {result.id} no longer exists while waiting for it (deleted by "
             "retention, purge or forget()).")

@@ -17,6 +17,7 @@ from ...db.connections import connected
 from ...logs import log_event
 from ...tasks import store as taskstore
 from ...tasks.scheduler import Scheduler
+from ...workflows import retention
 from .base import Every, Periodic
 
 if TYPE_CHECKING:
@@ -116,8 +117,6 @@ class Retention(Periodic):
             return
         pruned = taskstore.prune_batch(cutoff, PRUNE_BATCH)
         if pruned < PRUNE_BATCH:  # the tasks are done: the workflows they left
-            from ...workflows import retention
-
             workflows = retention.prune_batch(cutoff, PRUNE_BATCH)
             if workflows:
                 log_event(logging.INFO, "pruned_workflows", workflows=workflows,
