@@ -152,11 +152,13 @@ def test_the_supervisor_claims_around_pauses_and_gives_back_what_it_claimed_ahea
 
     sup = Sup(Options(workers=[workers["touch"], workers["loose"]], tasks=True,
                       concurrency=1), conf.get(), None)
+    by_name = {source.name: source for source in sup.sources}
+    tasks_, touch = by_name["tasks"], by_name["touch"]
     try:
         mail, default = mark("emails"), mark("default")
         Item.objects.create(kind="touch")
         # claimed ahead before the pause: they wait here, not started
-        ahead = sup._claim(None, 10, Counter()) + sup._claim(workers["touch"], 10, Counter())
+        ahead = sup._claim(tasks_, 10, Counter()) + sup._claim(touch, 10, Counter())
         assert len(ahead) == 3
         sup.prefetch.put(ahead, time.monotonic())
         pause(queue="emails")
@@ -166,17 +168,17 @@ def test_the_supervisor_claims_around_pauses_and_gives_back_what_it_claimed_ahea
         assert TaskRecord.objects.get(pk=mail.id).status == TaskStatus.READY
         assert Execution.objects.get(worker="touch").state == State.PENDING
         sup._give_back(sup.prefetch.drain())
-        assert sup._claim(workers["touch"], 10, Counter()) == []
-        assert [str(c.task_id) for c in sup._claim(None, 10, Counter())] == [default.id]
+        assert sup._claim(touch, 10, Counter()) == []
+        assert [str(c.task_id) for c in sup._claim(tasks_, 10, Counter())] == [default.id]
         resume(queue="emails")
-        assert sup._claim(None, 10, Counter()) == [], "not read again before POLL_INTERVAL"
+        assert sup._claim(tasks_, 10, Counter()) == [], "not read again before POLL_INTERVAL"
         sup._announced.add("pause")  # what NOTIFY delivers
         sup._check_pauses(time.monotonic())
-        assert [str(c.task_id) for c in sup._claim(None, 10, Counter())] == [mail.id]
-        assert sup._claim(workers["touch"], 10, Counter()) == []
+        assert [str(c.task_id) for c in sup._claim(tasks_, 10, Counter())] == [mail.id]
+        assert sup._claim(touch, 10, Counter()) == []
         resume(worker="touch")
         sup._check_pauses(time.monotonic() + conf.get().POLL_INTERVAL)  # due again
-        assert len(sup._claim(workers["touch"], 10, Counter())) == 1
+        assert len(sup._claim(touch, 10, Counter())) == 1
     finally:
         sup._wake_r.close()
         sup._wake_w.close()

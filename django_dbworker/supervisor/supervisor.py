@@ -22,7 +22,7 @@ from ..db import engine_for, notify
 from ..db.connections import connected, opened_at, own_process
 from ..logs import log_event, logger
 from ..outcomes import RunOutcome
-from ..rows import planner, triggers
+from ..rows import triggers
 from ..rows.registry import Worker
 from ..rows.sweep import Sweeper
 from ..units import aio
@@ -42,6 +42,7 @@ from .pool import Child, describe_exit
 from .prefetch import Prefetch
 from .progress import Progress
 from .renewer import Renewer
+from .sources import TASK_SOURCE, RowSource, Source, TaskSource
 from .taskwork import TaskWork
 from .units import Unit
 from .wakeups import Commits, Listener, behind_transaction_pooler
@@ -53,9 +54,6 @@ BROKEN_WORKER_PAUSE = 30.0
 #: Seconds before a claim that lost to another transaction (a deadlock, a lock wait timed
 #: out: ``units.transient``) runs again; the source is not paused for it.
 TRANSIENT_CLAIM_RETRY = 0.05
-#: The key of the task queues among the sources found short (no worker's name: those
-#: start with a letter).
-TASK_SOURCE = "*tasks"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,6 +118,13 @@ class Supervisor:
         self._found_short: dict[str, float] = {}
         #: Paused queues and workers (``pausing``): read per POLL_INTERVAL or when announced.
         self.pauses = Pauses(self.using, config.POLL_INTERVAL)
+        #: What claims take units from, in turn: each row worker, then the task queues.
+        self.sources: list[Source] = [
+            RowSource(w, pauses=self.pauses, caps=self.caps, prefetch=self.prefetch,
+                      claimant=self.claimant, lease=config.LEASE_SECONDS)
+            for w in options.workers]
+        if self.tasks is not None:
+            self.sources.append(TaskSource(self.tasks, pauses=self.pauses))
         self.heartbeat = Heartbeat(
             self.claimant, lease=config.LEASE_SECONDS, concurrency=options.concurrency,
             workers=[w.name for w in options.workers], queues=options.queues,
@@ -361,18 +366,16 @@ class Supervisor:
         for ch in self.children:
             for c in ch.sent.values():
                 held[units.group(c)] += 1
-        sources: list[Worker | None] = [*self.options.workers]
-        if self.tasks is not None:
-            sources.append(None)  # None stands for the task queues
+        sources = self.sources
         start = self._rotation % len(sources)
         self._rotation += 1
         sources = sources[start:] + sources[:start]
         if self._announced:  # what woke us first: one claim sooner to its handler
-            sources.sort(key=lambda source: not self._announced_for(source))
+            sources.sort(key=lambda source: not source.announced(self._announced))
             self._announced = set()
         claimed = 0
         for source in sources:
-            key = TASK_SOURCE if source is None else source.name
+            key = source.key
             if (not self.options.burst
                     and now - self._found_short.get(key, -math.inf) < self.config.POLL_INTERVAL):
                 continue  # short at its last claim, and nothing new announced for it
@@ -386,7 +389,7 @@ class Supervisor:
             if claims:
                 self.prefetch.claimed(time.monotonic() - began)
             if trace.ON:
-                trace.mark("claimed", f"{len(claims)} of {getattr(source, 'name', 'tasks')}")
+                trace.mark("claimed", f"{len(claims)} of {source.name}")
             claimed += len(claims)  # work was found, even if it goes back below
             self.prefetch.put(claims, now)
             self._feed()
@@ -437,11 +440,6 @@ class Supervisor:
         if ran:
             self._found_short.clear()
 
-    def _announced_for(self, source: Worker | None) -> bool:
-        if source is None:
-            return bool(self._announced & {notify.TASKS, notify.KEYLESS_TASKS})
-        return "rows" in self._announced or source.name in self._announced
-
     def _dispatch(self, child: Child, batch: list[Unit]) -> None:
         if logger.isEnabledFor(logging.DEBUG):
             for c in batch:
@@ -478,25 +476,15 @@ class Supervisor:
         with contextlib.suppress(DatabaseError):  # retried by Retries
             self._give_back(claimed)
 
-    def _claim(self, source: Worker | None, want: int, held: Counter[str]) -> list[Unit]:
-        """Claim up to ``want`` units of ``source`` (None: tasks); ``held``: units running or
-        waiting here per concurrency group, for a worker's own ``concurrency`` (``caps``)."""
-        name = "tasks" if source is None else source.name
+    def _claim(self, source: Source, want: int, held: Counter[str]) -> list[Unit]:
+        """Claim up to ``want`` units of ``source``; ``held``: units running or waiting
+        here per concurrency group, for a worker's own ``concurrency`` (``caps``)."""
+        name = source.name
         if want <= 0 or self._broken.get(name, 0.0) > time.monotonic():
             return []
         raw = connections[self.using].connection  # to tell a reconnect from a live session
         try:
-            if source is None:
-                assert self.tasks is not None
-                return list(self.tasks.claim(want, self.pauses.queues,
-                                             backlog=self.pauses.backlog))
-            if source.name in self.pauses.workers:
-                return []
-            room = min(want, self.caps.claimable(source, held[source.name],
-                                                 self.prefetch.depth()))
-            if room <= 0:
-                return []
-            return list(planner.claim(source, room, self.claimant, self.config.LEASE_SECONDS))
+            return source.claim(want, held)
         except Exception as exc:  # one bad source stops only itself
             if units.transient(exc):  # another transaction's locks: not the source's fault
                 self._claims_deferred = True
