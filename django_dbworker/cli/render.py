@@ -117,19 +117,31 @@ def _tries(u: dict[str, Any]) -> str:
     return f"{u['attempts']} (+{snoozes} snoozed)" if snoozes else str(u["attempts"])
 
 
-def failures(doc: dict[str, Any], traceback: bool, *, final: bool) -> str:
-    """``dbworker dead`` (``final``: when each failed for good) and ``dbworker failed``
-    (when each is tried next)."""
-    when = "finished_at" if final else "available_at"
-    rows = [("execution", u["id"], f"{u['worker']}[{u['source_id']}]", u["attempts"],
-             u[when], units.last_error(u)) for u in doc["executions"]]
-    rows += [("task", u["id"], _task_name(u), _tries(u), u[when],
-              units.last_error(u)) for u in doc["tasks"]]
+def failures(doc: dict[str, Any], traceback: bool, *, listing: str) -> str:
+    """``dbworker failed``, ``failed --retrying`` and ``dead``: each unit, whether it will
+    be tried again, and when (its next try, or when it failed for good)."""
+    def when(u: dict[str, Any]) -> Any:
+        return u["available_at"] if u["will_retry"] else u["finished_at"]
+
+    rows = [("execution", u["id"], f"{u['worker']}[{u['source_id']}]", units.status(u),
+             u["attempts"], "yes" if u["will_retry"] else "no", when(u), units.last_error(u))
+            for u in doc["executions"]]
+    rows += [("task", u["id"], _task_name(u), u["status"], _tries(u),
+              "yes" if u["will_retry"] else "no", when(u), units.last_error(u))
+             for u in doc["tasks"]]
     c = doc["counts"]
-    what = "failed for good" if final else "to be tried again"
-    out = [table(["kind", "id", "unit", "attempts", "failed at" if final else "next try",
-                  "error"], rows),
-           f"\n{c['executions']} execution(s) and {c['tasks']} task(s) {what}."]
+    headers = ["kind", "id", "unit", "status", "attempts", "will retry",
+               {"dead": "failed at", "retrying": "next try"}.get(listing,
+                                                                 "next try / failed at"),
+               "error"]
+    summary = f"{c['executions']} execution(s) and {c['tasks']} task(s)"
+    if listing == "failed":
+        again = c["will_retry"]
+        summary = (f"{summary} failed: {again['executions']} and {again['tasks']} will be "
+                   "tried again, the others failed for good.")
+    else:
+        summary += " failed for good." if listing == "dead" else " to be tried again."
+    out = [table(headers, rows), "", summary]
     if traceback:
         out += ["", "\n\n".join(unit(u) for u in [*doc["executions"], *doc["tasks"]])]
     return "\n".join(out)

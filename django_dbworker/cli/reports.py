@@ -72,33 +72,69 @@ def stats(worker_names: list[str] | None, queue_names: list[str] | None) -> dict
     return snapshot.take().as_dict()
 
 
+#: The listings of failures and the version of each one's JSON document (docs/cli.md):
+#: ``failed`` both kinds below (version 2: version 1 listed only what will be tried
+#: again, which ``failed --retrying`` still writes); ``retrying`` what failed an attempt
+#: and will be tried again; ``dead`` what FAILED for good.
+LISTINGS = {"failed": 2, "retrying": 1, "dead": 1}
+
+
 def failures(worker_names: list[str] | None, queue_names: list[str] | None, *, limit: int,
-             traceback: bool, final: bool) -> dict[str, Any]:
-    """``final``: executions and tasks FAILED for good, their retries used up, newest first
-    (``dbworker dead``). Otherwise the ones that failed an attempt and will be tried again,
-    the next try first (``dbworker failed``): tasks RETRYING, and tasks and executions given
-    back after a crash (a lost lease, a killed child). At most ``limit`` of each."""
+             traceback: bool, listing: str) -> dict[str, Any]:
+    """Executions and tasks that failed, at most ``limit`` of each; every one says whether
+    it ``will_retry``. ``retrying``: those that failed an attempt and will be tried again,
+    the next try first: tasks RETRYING, and tasks and executions given back after a crash
+    (a lost lease, a killed child). ``dead``: those FAILED for good, newest first.
+    ``failed``: the first, then the second."""
     check_names(worker_names, queue_names)
+    parts = {"retrying": [_retrying(worker_names, queue_names)],
+             "dead": [_dead(worker_names, queue_names)]}
+    parts["failed"] = parts["retrying"] + parts["dead"]
+    doc: dict[str, Any] = {"executions": [], "tasks": [], "counts": {"executions": 0,
+                                                                     "tasks": 0}}
+    retrying = {"executions": 0, "tasks": 0}
+    for will_retry, executions, tasks in parts[listing]:
+        for key, rows, as_dict in (("executions", executions, units.execution),
+                                   ("tasks", tasks, units.task)):
+            room = limit - len(doc[key])
+            found = [as_dict(r, traceback=traceback) for r in rows[:room]] if room else []
+            doc[key] += [{**d, "will_retry": will_retry} for d in found]
+            count = rows.count()
+            doc["counts"][key] += count
+            retrying[key] += count if will_retry else 0
+    if listing == "failed":
+        doc["counts"]["will_retry"] = retrying
+    return doc
+
+
+def _retrying(worker_names: list[str] | None,
+              queue_names: list[str] | None) -> tuple[bool, Any, Any]:
     using = _using()
-    if final:
-        executions = Execution.objects.using(using).failed().order_by("-finished_at", "-id")
-        tasks = TaskRecord.objects.using(using).failed().order_by("-finished_at")
-    else:
-        had_failure = Exists(Failure.objects.filter(execution=OuterRef("pk")))
-        executions = (Execution.objects.using(using).claimable().filter(had_failure)
-                      .order_by("available_at", "id"))
-        tasks = (TaskRecord.objects.using(using).ready()
-                 .filter(Q(status=TaskStatus.RETRYING) | Q(crashes__gt=0))
-                 .order_by("available_at"))
+    had_failure = Exists(Failure.objects.filter(execution=OuterRef("pk")))
+    executions = (Execution.objects.using(using).claimable().filter(had_failure)
+                  .order_by("available_at", "id"))
+    tasks = (TaskRecord.objects.using(using).ready()
+             .filter(Q(status=TaskStatus.RETRYING) | Q(crashes__gt=0))
+             .order_by("available_at", "id"))
+    return True, *_named(executions, tasks, worker_names, queue_names)
+
+
+def _dead(worker_names: list[str] | None,
+          queue_names: list[str] | None) -> tuple[bool, Any, Any]:
+    using = _using()
+    executions = Execution.objects.using(using).failed().order_by("-finished_at", "-id")
+    tasks = TaskRecord.objects.using(using).failed().order_by("-finished_at", "-id")
+    return False, *_named(executions, tasks, worker_names, queue_names)
+
+
+def _named(executions: Any, tasks: Any, worker_names: list[str] | None,
+           queue_names: list[str] | None) -> tuple[Any, Any]:
+    """Only the workers' and queues' named, if any were (naming only workers lists no
+    task, and the other way round)."""
     if worker_names is not None or queue_names is not None:
         executions = executions.filter(worker__in=worker_names or [])
         tasks = tasks.filter(queue_name__in=queue_names or [])
-    executions = executions.prefetch_related("failures")
-    return {
-        "executions": [units.execution(e, traceback=traceback) for e in executions[:limit]],
-        "tasks": [units.task(t, traceback=traceback) for t in tasks[:limit]],
-        "counts": {"executions": executions.count(), "tasks": tasks.count()},
-    }
+    return executions.prefetch_related("failures"), tasks
 
 
 def supervisors(*, dead: bool) -> dict[str, Any]:

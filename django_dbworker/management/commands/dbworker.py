@@ -23,6 +23,8 @@ from django_dbworker.cli import (
     workflows,
 )
 
+#: The version of every JSON document but those whose meaning changed since
+#: (``reports.LISTINGS``; docs/cli.md).
 SCHEMA_VERSION = 1
 #: The largest --limit (a database LIMIT must fit its integer).
 MAX_LIMIT = 2**31 - 1
@@ -51,14 +53,19 @@ class Command(BaseCommand):
         p = add("stats", "Counts by status, lag, throughput and failures.")
         self._names(p)
         for name, help_text in (
-                ("failed", "Executions and tasks that failed an attempt and will be tried "
-                 "again (tasks RETRYING, units given back after a crash), next try first."),
+                ("failed", "Executions and tasks that failed: first those that will be tried "
+                 "again (tasks RETRYING, units given back after a crash), next try first, "
+                 "then those FAILED for good, newest first."),
                 ("dead", "Executions and tasks that FAILED for good (no retries left), "
                  "newest first.")):
             p = add(name, help_text)
             self._names(p)
             p.add_argument("--limit", type=int, default=50, help="At most this many of each.")
             p.add_argument("--tracebacks", action="store_true", help="Show tracebacks too.")
+            if name == "failed":
+                p.add_argument("--retrying", action="store_true",
+                               help="Only those that will be tried again (the JSON document "
+                               "of version 1).")
         add("supervisors", "Supervisors of the last day and what they run; --dead: those that "
             "died (stopped beating without stopping) and what became of their units.") \
             .add_argument("--dead", action="store_true", help="Only the dead ones.")
@@ -134,19 +141,21 @@ class Command(BaseCommand):
 
     def _report(self, name: str, options: dict[str, Any]) -> None:
         text: Callable[[dict[str, Any]], str]
+        version = SCHEMA_VERSION
         if name == "inspect":
             doc, text = reports.inspect(options["ids"]), render.inspect
         elif name == "stats":
             doc, text = reports.stats(options["workers"], options["queues"]), render.stats
         elif name in ("failed", "dead"):
             self._limit(options)
-            final = name == "dead"
+            listing = "retrying" if options.get("retrying") else name
             doc = reports.failures(options["workers"], options["queues"],
                                    limit=options["limit"], traceback=options["tracebacks"],
-                                   final=final)
+                                   listing=listing)
+            version = reports.LISTINGS[listing]
 
             def failures_text(d: dict[str, Any]) -> str:
-                return render.failures(d, options["tracebacks"], final=final)
+                return render.failures(d, options["tracebacks"], listing=listing)
             text = failures_text
         elif name == "triggers":
             doc = triggers.triggers(options["action"], options["workers"])
@@ -167,7 +176,7 @@ class Command(BaseCommand):
             def supervisors_text(d: dict[str, Any]) -> str:
                 return render.supervisor_list(d, dead=dead)
             text = supervisors_text
-        self._print(name, doc, text, options["json"])
+        self._print(name, doc, text, options["json"], version=version)
 
     def _limit(self, options: dict[str, Any]) -> None:
         if not 0 <= options["limit"] <= MAX_LIMIT:
@@ -234,9 +243,10 @@ class Command(BaseCommand):
             raise CommandError("Nothing was changed: not confirmed. Answer 'y', or pass --yes "
                                "to change without asking.")
 
-    def _print(self, name: str, doc: dict[str, Any], text: Any, as_json: bool) -> None:
+    def _print(self, name: str, doc: dict[str, Any], text: Any, as_json: bool, *,
+               version: int = SCHEMA_VERSION) -> None:
         if as_json:
-            document = {"command": name, "version": SCHEMA_VERSION, **doc}
+            document = {"command": name, "version": version, **doc}
             self.stdout.write(json.dumps(document, cls=DjangoJSONEncoder, indent=2))
         else:
             self.stdout.write(text(doc))
