@@ -1,5 +1,7 @@
 """@worker declarations: what is accepted, and the errors for what is not."""
 
+import functools
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
@@ -110,6 +112,20 @@ def test_handler_signature():
         worker(name="three", source=Item)(lambda a, b, c: Finished())
     with pytest.raises(InvalidWorker, match=r"must take \(source\)"):
         worker(name="none", source=Item)(lambda: Finished())
+
+
+def test_a_handler_that_is_not_callable_is_refused_naming_it(cleanup):
+    """``@worker(...)(5)`` raised ``AttributeError: 'int' object has no attribute
+    '__module__'``; it names the value and what to decorate instead."""
+    with pytest.raises(InvalidWorker, match=r"@worker\(source=Item, name='x'\) was applied "
+                                            r"to 5 \(int\), not a function\. Decorate"):
+        worker(source=Item, name="x")(5)
+    with pytest.raises(InvalidWorker, match=r"has no __name__ .* pass name="):
+        worker(source=Item)(functools.partial(handler))
+    assert "x" not in workers and "partial_handler" not in workers
+    named = worker(source=Item, name="partial_handler")(functools.partial(handler))
+    cleanup.append("partial_handler")
+    assert workers["partial_handler"] is named
 
 
 def test_transactional_must_be_bool():

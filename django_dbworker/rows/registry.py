@@ -211,6 +211,7 @@ def worker(
     """
 
     def decorate(handler: Handler) -> Worker:
+        _check_callable(handler, source, name)
         worker_name = handler.__name__ if name is None else name
         _validate(worker_name, handler, source, eligible, concurrency, transactional)
         _check_concurrency(f"@worker {worker_name!r} ({_where(handler)})", source,
@@ -248,7 +249,29 @@ def worker(
 
 
 def _where(handler: Callable[..., Any]) -> str:
-    return f"{handler.__module__}.{handler.__qualname__}"
+    module = getattr(handler, "__module__", None) or type(handler).__module__
+    qualname = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    return f"{module}.{qualname}"
+
+
+def _check_callable(handler: Any, source: Any, name: str | None) -> None:
+    """``InvalidWorker`` for ``@worker(...)`` applied to something that is not a function
+    (``@worker(source=M, name="x")(5)``), or to a callable without a name and no
+    ``name=``, before anything reads its name."""
+    label = getattr(source, "__name__", repr(source))
+    named = "" if name is None else f", name={name!r}"
+    if not callable(handler):
+        raise InvalidWorker(
+            f"@worker(source={label}{named}) was applied to {handler!r} "
+            f"({type(handler).__name__}), not a function. Decorate the function that "
+            "processes one row: it takes the row (or the row and a Context) and returns an "
+            f"Outcome, e.g. '@worker(source={label})' above 'def process(row): ...'."
+        )
+    if name is None and not isinstance(getattr(handler, "__name__", None), str):
+        raise InvalidWorker(
+            f"@worker(source={label}) was applied to {handler!r}, which has no __name__ "
+            "to name the worker by; pass name=, e.g. name='make_thumbnail'."
+        )
 
 
 def _validate(
