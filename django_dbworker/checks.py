@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from typing import Any
 
@@ -12,7 +13,11 @@ from django.db.models import CompositePrimaryKey
 
 from . import conf
 from .db import ENGINES, engine_for, pooler
+from .exceptions import UnknownTask
 from .rows.registry import MAX_KEY_LENGTH, key_too_long, workers
+from .tasks import registry as task_registry
+from .tasks import stored_schedules
+from .tasks.schedules import schedules
 
 
 def in_memory_sqlite(alias: str) -> bool:
@@ -91,14 +96,53 @@ def check_workers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 @register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from .tasks.schedules import schedules
-
+    """Code schedules (``@cron``, ``DBWORKER["SCHEDULES"]``): each valid, each naming a
+    registered task (a supervisor would log ``schedule_failed`` every minute instead)."""
     try:
-        schedules()
+        found = schedules()
     except ImproperlyConfigured as exc:
         return [Error(str(exc), hint="Fix the cron expression or options of that schedule.",
                       id="django_dbworker.E004")]
-    return []
+    errors: list[CheckMessage] = []
+    for schedule in found.values():
+        try:
+            task_registry.resolve(schedule.task_path)
+        except UnknownTask as exc:
+            where = ("DBWORKER['SCHEDULES']" if schedule.name in conf.get().SCHEDULES
+                     else "@cron")
+            errors.append(Error(
+                f"Schedule {schedule.name!r} ({where}) names a task that is not registered: "
+                f"{exc}",
+                hint=_task_hint(schedule.task_path), id="django_dbworker.E004"))
+    return errors
+
+
+def _task_hint(path: str) -> str:
+    close = difflib.get_close_matches(path, task_registry.known(), n=1, cutoff=0.9)
+    also = f" Did you mean {close[0]!r}?" if close else ""
+    return ("Give 'task' the dotted path of a function decorated with @task of a "
+            f"DBWorkerBackend, e.g. 'myapp.tasks.send_report'.{also}")
+
+
+@register(Tags.database)
+def check_stored_schedules(app_configs: Any = None, databases: Any = None,
+                           **kwargs: Any) -> list[CheckMessage]:
+    """Enabled stored schedules a supervisor would not run (``stored_schedule_invalid``):
+    their task removed from the code since they were saved, a row written by SQL. A
+    warning: a row, changed at run time, must not stop ``migrate``."""
+    alias = conf.get().DATABASE
+    if not databases or alias not in databases:
+        return []
+    try:
+        found = stored_schedules.not_run()
+    except DatabaseError:  # unreachable, or not migrated (W002 says so)
+        return []
+    return [Warning(
+        f"Stored schedule {row.name!r} (task {row.task_path!r}) is enabled but not run: "
+        f"{problem}",
+        hint="Correct it in the admin or with 'manage.py dbworker schedules edit "
+             f"{row.name} --task PATH', or disable or remove it.",
+        obj=row, id="django_dbworker.W006") for row, problem in found]
 
 
 @register(Tags.database)

@@ -112,9 +112,10 @@ if os.environ.get("DBWORKER_TEST_CRON"):  # the cron process test turns this sch
         "every_second": {"task": "tests.testapp.tasks.tick", "cron": "* * * * * */1"},
     }
 if os.environ.get("DBWORKER_TEST_CRON_BROKEN"):  # test_declarations: one schedule fails
-    DBWORKER["SCHEDULES"] = {  # at run time (its task is unknown); the others go on
-        **DBWORKER.get("SCHEDULES", {}),
-        "decl_gone": {"task": "tests.testapp.tasks.decl_missing", "cron": "* * * * * */1"},
+    DBWORKER["SCHEDULES"] = {  # at run time (its enqueue raises: the unique_key function
+        **DBWORKER.get("SCHEDULES", {}),  # wants user_id); the others go on
+        "decl_raises": {"task": "tests.testapp.tasks.unique_debounced",
+                        "cron": "* * * * * */1"},
     }
 if os.environ.get("DBWORKER_TEST_POOLER_SETTINGS"):  # test_pgbouncer: what docs/operations.md
     DBWORKER["NOTIFY"] = False  # advises behind a transaction-pooling PgBouncer

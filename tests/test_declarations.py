@@ -219,6 +219,20 @@ def test_bad_settings_schedules_are_system_check_e004(settings, spec, message):
     assert re.search(message, errors[0].msg), errors[0].msg
 
 
+def test_a_settings_schedule_naming_an_unregistered_task_is_system_check_e004(settings):
+    """Refused by ``check`` (and so by runworkers) where it is declared, not logged as
+    ``schedule_failed`` every minute by every supervisor."""
+    settings.DBWORKER = {**settings.DBWORKER, "SCHEDULES": {
+        "decl_typo": {"task": "tests.testapp.tasks.ad", "cron": "* * * * *"},
+        "decl_fine": {"task": "tests.testapp.tasks.add", "cron": "* * * * *"}}}
+    errors = check_schedules()
+    assert [e.id for e in errors] == ["django_dbworker.E004"]
+    assert errors[0].msg.startswith(
+        "Schedule 'decl_typo' (DBWORKER['SCHEDULES']) names a task that is not registered: "
+        "'tests.testapp.tasks.ad' is not a registered task; define it with @task")
+    assert "Did you mean 'tests.testapp.tasks.add'?" in errors[0].hint
+
+
 def test_schedules_that_fire_rarely_or_take_timedeltas_are_accepted(settings):
     settings.DBWORKER = {**settings.DBWORKER, "SCHEDULES": {
         "decl_leap": {"task": "tests.testapp.tasks.add", "cron": "0 0 29 2 *",
@@ -295,8 +309,8 @@ def test_a_supervisor_keeps_serving_beside_a_schedule_that_fails_at_run_time(run
     out = p.output()
     lines = [line for line in out.splitlines() if "schedule_failed" in line]
     assert len(lines) == 1, out  # once per interval, not once a second
-    assert "schedule=decl_gone" in lines[0] and "decl_missing" in lines[0]
-    assert not TaskRecord.objects.filter(schedule="decl_gone").exists()
+    assert "schedule=decl_raises" in lines[0] and "user_id" in lines[0]
+    assert not TaskRecord.objects.filter(schedule="decl_raises").exists()
 
 
 # ----- item 4: task options and Unfinished ----------------------------------------------

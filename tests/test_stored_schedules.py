@@ -12,6 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
+from django_dbworker.checks import check_stored_schedules
 from django_dbworker.exceptions import InvalidSchedule
 from django_dbworker.models import StoredSchedule, Supervisor, TaskRecord, TaskStatus
 from django_dbworker.tasks.scheduler import Scheduler
@@ -343,6 +344,29 @@ def test_wrong_rows_are_logged_once_and_skipped_the_others_go_on(caplog):
     assert set(TaskRecord.objects.values_list("schedule", flat=True)) == {"sched_good"}
     saved_at("sched_cron", at(130), cron="*/2 * * * *")            # fixed: runs next tick
     assert s.tick(at(181)) == 1 and s.tick(at(241)) == 2
+
+
+@pytest.mark.django_db
+def test_an_enabled_row_whose_task_is_not_registered_is_system_check_w006():
+    """``save()`` does not refuse such a row (a model cannot know the tasks, and a deploy may
+    remove a task after its row was saved): the admin and the command refuse to save one,
+    and one that is wrong later is W006 of ``check --database``, beside its problem in the
+    admin and in ``dbworker schedules``; supervisors log it once per version."""
+    row("sched_gone", task_path="tests.testapp.tasks.sched_gone")
+    row("sched_off", task_path="tests.testapp.tasks.sched_gone", enabled=False)
+    row("sched_good")
+    warnings = check_stored_schedules(databases=["default"])
+    assert [(w.id, w.obj.name) for w in warnings] == [("django_dbworker.W006", "sched_gone")]
+    assert warnings[0].msg.startswith(
+        "Stored schedule 'sched_gone' (task 'tests.testapp.tasks.sched_gone') is enabled but "
+        "not run: task_path: 'tests.testapp.tasks.sched_gone' is not a registered task")
+    assert "dbworker schedules edit sched_gone --task PATH" in warnings[0].hint
+    assert check_stored_schedules(databases=None) == []  # a database check only
+    err = StringIO()
+    call_command("check", "--database", "default", stdout=StringIO(), stderr=err)
+    assert "django_dbworker.W006" in err.getvalue()
+    (listed,) = [s for s in run_json()["schedules"] if s["name"] == "sched_gone"]
+    assert "is not a registered task" in listed["problem"]
 
 
 @pytest.mark.processes

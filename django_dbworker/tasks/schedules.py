@@ -8,9 +8,10 @@ looking back at most ``misfire_window`` seconds (at most ``MAX_MISFIRE_WINDOW``)
 ``Scheduler.MISSED_PER_ROUND`` of them per round (the rest in the next rounds).
 
 A schedule is validated where it is declared (``@cron``, and the system check E004 for
-``DBWORKER["SCHEDULES"]``): its cron expression must fire, its arguments must be JSON. One
-that still fails at run time (its task gone, its enqueue raising) is logged and skipped,
-never stopping the supervisor or the other schedules.
+``DBWORKER["SCHEDULES"]``): its cron expression must fire, its arguments must be JSON, its
+task must be registered (E004 only: tasks are registered as their modules are imported).
+One that still fails at run time (its enqueue raising) is logged and skipped, never
+stopping the supervisor or the other schedules.
 
 Schedules stored in the database (``StoredSchedule`` rows, ``stored_schedules.py``) join
 them at run time: a supervisor's ``Scheduler`` (``scheduler.py``) reads the enabled rows

@@ -4,10 +4,12 @@ supervisors share, saving and enabling rows, and the reading of the enabled rows
 
 A row becomes a ``schedules.Schedule`` only through ``to_schedule``, which refuses it with
 ``InvalidSchedule`` (every wrong field, each with a message naming the value and the fix).
-The admin and the command refuse to save such a row; a supervisor logs it once per version
-(``stored_schedule_invalid``) and skips it. A stored schedule whose name a code-declared
-schedule has is refused by the admin and the command; a supervisor runs the code one and
-logs ``stored_schedule_shadowed`` once.
+The admin and the command refuse to save such a row (``StoredSchedule.save()`` does not:
+a model cannot know the registered tasks, and a deploy may remove a task after its row was
+saved); a supervisor logs one once per version (``stored_schedule_invalid``) and skips it,
+and the system check W006 (``not_run``) names the enabled ones. A stored schedule whose
+name a code-declared schedule has is refused by the admin and the command; a supervisor
+runs the code one and logs ``stored_schedule_shadowed`` once.
 """
 
 from __future__ import annotations
@@ -215,6 +217,20 @@ class StoredSource:
                       task=row.task_path, error=str(exc),
                       fix="correct it in the admin or with 'dbworker schedules edit'")
             return None
+
+
+def not_run() -> list[tuple[StoredSchedule, str]]:
+    """The enabled rows a supervisor leaves out (a task no longer registered, a row written
+    by SQL, a name a code schedule has), each with why (system check W006)."""
+    code = code_schedules()
+    found = []
+    for row in rows().filter(enabled=True).order_by("name"):
+        if row.name in code:
+            found.append((row, f"a schedule declared in code ({IN_CODE}) has this name and "
+                               "runs instead; rename or remove this one."))
+        elif wrong := problems(row):
+            found.append((row, " ".join(f"{field}: {why}" for field, why in wrong.items())))
+    return found
 
 
 def row_status(row: StoredSchedule, code: Collection[str],
