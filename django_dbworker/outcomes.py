@@ -102,7 +102,9 @@ class RunOutcome(StrEnum):
     RETRYING = "retrying"
     #: The handler or task raised (for good, for a task): FAILED, the failure recorded.
     FAILED = "failed"
-    #: The execution's source row was deleted: the execution is removed, nothing ran.
+    #: The execution's source row was deleted, before its handler ran (nothing ran) or
+    #: while it ran (its execution went with it; a transactional handler's writes were
+    #: rolled back, unless the handler deleted the row itself): nothing is recorded.
     GONE = "gone"
     #: The claim was lost (lease expired, taken over, cancelled): nothing was recorded.
     LEASE_LOST = "lease_lost"

@@ -58,7 +58,7 @@ def run(c: Claim) -> Result:
         except Snooze as exc:
             outcome = _snoozed(worker, c, exc)
     except LeaseLost as exc:
-        return _result(c, LOST, started, str(exc), level=logging.WARNING)
+        return _lost_or_gone(worker, c, started, str(exc))
     except _SourceGone:
         store.forget(c)
         return _result(c, GONE, started, "source row deleted", level=logging.INFO)
@@ -248,6 +248,16 @@ def _lost(worker: Worker, c: Claim) -> str:
     )
 
 
+def _lost_or_gone(worker: Worker, c: Claim, started: float, lost: str) -> Result:
+    """A record that changed nothing: ``gone`` (INFO) when the source row was deleted while
+    the handler ran, which removed its execution (a transactional handler's writes were
+    rolled back with the record); else ``lease_lost`` (WARNING), the unit runs again."""
+    if store.deleted_meanwhile(c, worker.source):
+        return _result(c, GONE, started, "source row deleted while its handler ran; its "
+                       "execution went with it", level=logging.INFO)
+    return _result(c, LOST, started, lost, level=logging.WARNING)
+
+
 def _raw_connection() -> Any:
     """The DB-API connection the unit starts on (opened now if needed)."""
     connection = connections[conf.get().DATABASE]
@@ -270,16 +280,20 @@ def _record_failure(c: Claim, exc: BaseException, started: float) -> Result:
     if retry.should_retry(worker, c.attempt, exc):  # @worker(retries=...)
         at = retry.at(timezone.now(), retry.delay(worker, c.attempt))
         with recording("its failure"), transaction.atomic(using=using):
-            if not store.retry_later(c, info, at):
-                return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
-            pending.add_siblings(worker, c.source_key, using)
+            recorded = store.retry_later(c, info, at)
+            if recorded:
+                pending.add_siblings(worker, c.source_key, using)
+        if not recorded:
+            return _lost_or_gone(worker, c, started, _lost(worker, c))
         _signal(signals.execution_failed, worker, c, error=_error(info), will_retry=True)
         return _result(c, RETRYING, started, message, level=logging.WARNING,
                        retry_at=at.isoformat())
     with recording("its failure"), transaction.atomic(using=using):
-        if not store.fail(c, info):
-            return _result(c, LOST, started, _lost(worker, c), level=logging.WARNING)
-        pending.add_siblings(worker, c.source_key, using)
+        recorded = store.fail(c, info)
+        if recorded:
+            pending.add_siblings(worker, c.source_key, using)
+    if not recorded:
+        return _lost_or_gone(worker, c, started, _lost(worker, c))
     _signal(signals.execution_failed, worker, c, error=_error(info), will_retry=False)
     return _result(c, FAILED, started, message, level=logging.ERROR)
 

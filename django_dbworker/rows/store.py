@@ -307,6 +307,18 @@ def forget(c: Claim) -> int:
     return _fenced(c, _alias()).delete()[0]
 
 
+def deleted_meanwhile(c: Claim, source: Any) -> bool:
+    """Whether ``c``'s execution and its source row (of the model ``source``) are both
+    gone: the row was deleted while its unit ran (a delete through Django removes the row's
+    executions with it, ``pending.on_delete``), so a record that changed nothing lost no
+    lease. Read outside the unit's transaction, after its rollback."""
+    using = _alias()
+    if Execution.objects.using(using).filter(pk=c.execution_id).exists():
+        return False
+    pk = keys.from_key(source, c.source_key)
+    return not source._base_manager.using(using).filter(pk=pk).exists()
+
+
 def _record(execution_id: int, attempt: int, failure: FailureInfo, now: datetime,
             using: str) -> None:
     Failure.objects.using(using).create(

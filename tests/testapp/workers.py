@@ -3,9 +3,10 @@
 import os
 import resource
 import signal
+import threading
 import time
 
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
@@ -127,7 +128,21 @@ def _act(item, name, context=None):
     if action == "delete_self":
         Item.objects.filter(pk=item.pk).delete()
         return Finished()
+    if action == "deleted_meanwhile":  # another session deletes the row while this runs
+        deleter = threading.Thread(target=_delete_elsewhere, args=(item.pk,))
+        deleter.start()
+        deleter.join()
+        return Finished()
     raise AssertionError(f"unknown action {action!r}")
+
+
+def _delete_elsewhere(pk):
+    """Delete an item through Django on this thread's own connection, as another process
+    would (its executions go with it: ``pending.on_delete``)."""
+    try:
+        Item.objects.filter(pk=pk).delete()
+    finally:
+        connections.close_all()  # this thread's
 
 
 def protocol_confused() -> Exception:
