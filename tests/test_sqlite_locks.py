@@ -6,13 +6,16 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from io import StringIO
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.core.management import CommandError, call_command
+from django.db import OperationalError, connection, connections, transaction
 
 from django_dbworker import conf
 from django_dbworker.db import connections as db
 from django_dbworker.db import sqlite
+from django_dbworker.models import Pause
 from tests.testapp.models import Item
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -95,3 +98,49 @@ def test_busy_tries_come_tens_of_microseconds_apart_with_sqlites_wait_off(sqlite
     assert [timeout for _, timeout in seen] == [0] * 5, "SQLite's own sleeps are off"
     assert seen[-1][0] - seen[0][0] < 0.05, "1 + 2 + 5 + 10 ms with SQLite's busy handler"
     assert busy_timeout() == int(conf.get().SQLITE_BUSY_TIMEOUT * 1000)
+
+
+@pytest.fixture
+def deferred(sqlite_file, monkeypatch):
+    """Django's default transactions (``BEGIN``, the lock taken at the first write), which
+    the test settings replace with IMMEDIATE; as a user's settings have them (W001)."""
+    connection.close()  # a new session, as a new process has
+    monkeypatch.setitem(connection.settings_dict["OPTIONS"], "transaction_mode", None)
+    monkeypatch.setattr(connections["default"], "transaction_mode", None, raising=False)
+    return sqlite_file
+
+
+def test_an_operator_command_waits_for_the_write_lock_beside_supervisors(deferred):
+    """``dbworker pause`` beside supervisors that write (Django's default deferred
+    transactions, W001): it waits for the lock, as runworkers does, instead of dying with
+    ``OperationalError: database is locked``."""
+    other = sqlite3.connect(deferred, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # a supervisor's write ...
+    other.execute("INSERT INTO testapp_item (kind, action, enabled, rank, steps) "
+                  "VALUES ('idle', 'ok', 1, 0, 0)")
+    release = threading.Timer(0.3, other.execute, ("COMMIT",))  # ... committed later
+    release.start()
+    try:
+        out = StringIO()
+        call_command("dbworker", "pause", "--queue", "default", stdout=out)
+    finally:
+        release.join()
+        other.close()
+    assert "Paused queue 'default'" in out.getvalue()
+    assert Pause.objects.filter(kind="queue", name="default").exists()
+
+
+def test_an_operator_command_past_the_busy_timeout_names_w001s_fix(deferred, settings):
+    settings.DBWORKER = {**settings.DBWORKER, "SQLITE_BUSY_TIMEOUT": 0.2}
+    other = sqlite3.connect(deferred, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(CommandError, match=(
+                r"The database is locked: another process held its write lock longer than "
+                r"DBWORKER\['SQLITE_BUSY_TIMEOUT'\] \(0.2 s\); run the command again, .*"
+                r"'transaction_mode': 'IMMEDIATE'.*django_dbworker.W001")):
+            call_command("dbworker", "pause", "--queue", "default", stdout=StringIO())
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert not Pause.objects.exists()

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import OperationalError, connections
 from django.utils.module_loading import autodiscover_modules
 
 from django_dbworker import conf
@@ -22,6 +23,8 @@ from django_dbworker.cli import (
     triggers,
     workflows,
 )
+from django_dbworker.db import errors
+from django_dbworker.db.connections import own_process
 
 #: The version of every JSON document but those whose meaning changed since
 #: (``reports.LISTINGS``; docs/cli.md).
@@ -122,6 +125,24 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         autodiscover_modules("tasks")
         name = options["subcommand"]
+        # SQLite: transactions take the write lock when they begin and wait for it (up to
+        # SQLITE_BUSY_TIMEOUT), as runworkers' do; a deferred one that read first would fail
+        # at once with "database is locked" beside running supervisors (check W001).
+        own_process(conf.get().DATABASE)
+        try:
+            self._run(name, options)
+        except OperationalError as exc:
+            using = conf.get().DATABASE
+            if connections[using].vendor != "sqlite" or not errors.transient(exc, using):
+                raise
+            raise CommandError(
+                f"The database is locked: another process held its write lock longer than "
+                f"DBWORKER['SQLITE_BUSY_TIMEOUT'] ({conf.get().SQLITE_BUSY_TIMEOUT:g} s); "
+                "run the command again, or raise SQLITE_BUSY_TIMEOUT; "
+                "give the database 'OPTIONS': {'transaction_mode': 'IMMEDIATE'} so that "
+                "every process waits its turn (system check django_dbworker.W001).") from exc
+
+    def _run(self, name: str, options: dict[str, Any]) -> None:
         try:
             if name in ("retry", "reset", "cancel", "purge", "prune"):
                 self._change(name, options)
