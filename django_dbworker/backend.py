@@ -93,32 +93,39 @@ class DBWorkerBackend(BaseTaskBackend):
         is wrong with the task or its options; ``@task`` and ``.using()`` call it."""
         if self.options_error:
             raise ImproperlyConfigured(self.options_error)
+        # Each refusal starts with Django's own sentence (BaseTaskBackend.validate_task),
+        # which users' tests and tools match on, then says which task and what to do.
         where = f"Task {getattr(task.func, '__qualname__', task.func)!r}"
         if not is_module_level_function(task.func):
-            raise InvalidTask(f"{where}: task functions must be defined at module level.")
+            raise InvalidTask(f"Task function must be defined at a module level. {where} is "
+                              "not: decorate a function defined at the top of a module (not "
+                              "a method, a nested function, a lambda or a builtin).")
         # The backend's supports_* flags, which Django's own validate_task enforces: a
         # subclass that turns one off gets the refusal too.
         if not self.supports_async_task and iscoroutinefunction(task.func):
-            raise InvalidTask(f"{where} is a coroutine function, and task backend "
-                              f"{self.alias!r} does not support async tasks "
-                              "(supports_async_task is False).")
+            raise InvalidTask(f"Backend does not support async Tasks. {where} is a coroutine "
+                              f"function, and task backend {self.alias!r} does not support "
+                              "async tasks (supports_async_task is False).")
         if not self.supports_priority and task.priority != DEFAULT_TASK_PRIORITY:
-            raise InvalidTask(f"{where}: priority={task.priority!r} was given, and task "
-                              f"backend {self.alias!r} does not support priorities "
+            raise InvalidTask(f"Backend does not support setting priority of tasks. {where}: "
+                              f"priority={task.priority!r} was given, and task backend "
+                              f"{self.alias!r} does not support priorities "
                               "(supports_priority is False).")
         if not self.supports_defer and task.run_after is not None:
-            raise InvalidTask(f"{where}: run_after was given, and task backend "
-                              f"{self.alias!r} does not support run_after "
-                              "(supports_defer is False).")
+            raise InvalidTask(f"Backend does not support run_after. {where}: run_after was "
+                              f"given, and task backend {self.alias!r} does not support "
+                              "run_after (supports_defer is False).")
         args = get_func_args(task.func)
         if task.takes_context and (not args or args[0] != "context"):
-            raise InvalidTask(f"{where} takes context but its first argument is not 'context'.")
+            raise InvalidTask("Task takes context but does not have a first argument of "
+                              f"'context'. {where} takes context: name its first argument "
+                              "context (def f(context, ...)).")
         priority = task.priority
         if (isinstance(priority, bool) or not isinstance(priority, int)
                 or not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY):
             raise InvalidTask(
-                f"{where}: priority={priority!r} must be a whole number between "
-                f"{TASK_MIN_PRIORITY} and {TASK_MAX_PRIORITY}."
+                f"priority must be a whole number between {TASK_MIN_PRIORITY} and "
+                f"{TASK_MAX_PRIORITY}. {where}: priority={priority!r} was given."
             )
         run_after = task.run_after
         if run_after is not None and not isinstance(run_after, datetime | timedelta):
@@ -126,8 +133,9 @@ class DBWorkerBackend(BaseTaskBackend):
         if (isinstance(run_after, datetime) and settings.USE_TZ
                 and not timezone.is_aware(run_after)):
             raise InvalidTask(
-                f"{where}: run_after={run_after!r} is naive; give an aware datetime "
-                "(django.utils.timezone.now() + ...) or a timedelta."
+                f"run_after must be an aware datetime. {where}: run_after={run_after!r} is "
+                "naive; give an aware datetime (django.utils.timezone.now() + ...) or a "
+                "timedelta."
             )
         if isinstance(run_after, timedelta) and not (
                 timedelta(0) <= run_after <= timedelta(seconds=conf.MAX_DELAY)):
@@ -150,12 +158,13 @@ class DBWorkerBackend(BaseTaskBackend):
         """What to do about a queue this backend does not know: add it to its QUEUES."""
         setting = f"TASKS[{self.alias!r}]['QUEUES']"
         known = sorted(self.queues)
+        django_says = f"Queue '{queue}' is not valid for backend."  # Django's own sentence
         if self.queues_configured:
-            return (f"{where}: queue {queue!r} is not configured for task backend "
-                    f"{self.alias!r}; {setting} is {known}. Add {queue!r} to "
+            return (f"{django_says} {where}: queue {queue!r} is not configured for task "
+                    f"backend {self.alias!r}; {setting} is {known}. Add {queue!r} to "
                     f"{setting} in your settings, or use one of those queues.")
-        return (f"{where}: queue {queue!r} is not configured for task backend {self.alias!r}, "
-                f"which has no QUEUES setting and so takes only {known}. Add "
+        return (f"{django_says} {where}: queue {queue!r} is not configured for task backend "
+                f"{self.alias!r}, which has no QUEUES setting and so takes only {known}. Add "
                 f"\"QUEUES\": {[*known, queue]!r} to TASKS[{self.alias!r}] in your settings.")
 
     # ----- enqueue --------------------------------------------------------------------

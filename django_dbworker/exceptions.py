@@ -81,6 +81,14 @@ class InvalidTaskArguments(DBWorkerError, TypeError):
     """A task's arguments or return value cannot be stored as JSON."""
 
 
+class ExceptionNotImported(DBWorkerError, ImportError, ValueError):
+    """A stored error's ``exception_class_path`` names a class no module imported in this
+    process defines: a row's text never causes an import. Compare
+    ``exception_class_path`` instead, or import the module that defines the exception
+    first. An ``ImportError``, as Django's ``TaskError.exception_class`` raises for a path
+    it cannot import; a ``ValueError`` too, as before."""
+
+
 class TriggerUnavailable(DBWorkerError):
     """A worker's source cannot have database triggers (``dbworker triggers``).
 

@@ -27,6 +27,7 @@ from .tasks.schedules import schedules
 from .tasks.stored_schedules import StoredSource
 from .units import progress
 from .units.claimant import Claimant
+from .units.running import give_back
 from .workflows.rows import release_ended_rows
 
 
@@ -78,8 +79,12 @@ def run_until_idle(
                 continue
             progress.close()
             return counts
-        for claim in claims:
-            counts[units.run_here(claim)] += 1
+        for n, claim in enumerate(claims):
+            try:
+                counts[units.run_here(claim)] += 1
+            except KeyboardInterrupt:  # the user's Ctrl-C: the rest goes back unrun
+                give_back(claims[n + 1:])
+                raise
             if counts.total() >= max_units:
                 raise RuntimeError(
                     f"run_until_idle() ran {max_units} units and work is still left; a "

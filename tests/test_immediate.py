@@ -97,6 +97,32 @@ def test_a_transactional_task_that_raises_leaves_no_write():
     assert Effect.objects.filter(item_id=8, worker="effect_once").count() == 1
 
 
+def test_a_ctrl_c_goes_up_to_the_caller_and_the_tasks_go_back(caplog):
+    """As Django's ImmediateBackend (its test_throws_keyboard_interrupt): a
+    KeyboardInterrupt is the user's, not the task's failure: no FAILED record, no ERROR
+    line, no retry; the task is READY again for runworkers, its attempt taken back, and
+    so is every task of the enqueue that had not run."""
+    with caplog.at_level("DEBUG"), pytest.raises(KeyboardInterrupt, match="Ctrl-C"):
+        now(tasks.interrupted).enqueue_many([((), {}), ((), {})])
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    rows = TaskRecord.objects.filter(task_path=tasks.interrupted.module_path)
+    assert [(r.status, r.attempts, r.token, r.errors) for r in rows] == [
+        (TaskStatus.READY, 0, None, [])] * 2
+    with pytest.raises(KeyboardInterrupt):  # a transactional one: its writes roll back
+        now(tasks.interrupted_in_transaction).enqueue(9)
+    assert not Effect.objects.filter(item_id=9).exists()
+    row = TaskRecord.objects.get(task_path=tasks.interrupted_in_transaction.module_path)
+    assert (row.status, row.attempts, row.errors) == (TaskStatus.READY, 0, [])
+
+
+def test_a_ctrl_c_in_run_until_idle_goes_up_too():
+    tasks.interrupted.enqueue_many([((), {}), ((), {})])
+    with pytest.raises(KeyboardInterrupt):
+        run_until_idle()
+    assert {(r.status, r.attempts) for r in TaskRecord.objects.all()} == {
+        (TaskStatus.READY, 0)}
+
+
 def test_enqueue_many_runs_every_call_in_order():
     results = now(tasks.add).enqueue_many([((i, i), {}) for i in range(5)])
     assert [r.status for r in results] == [TaskResultStatus.SUCCESSFUL] * 5

@@ -24,7 +24,7 @@ POISON = {
     "nul_return": ("django_dbworker.exceptions.InvalidTaskArguments", "NUL"),
     "nul_raise": ("builtins.ValueError", "a\\x00b"),
     "unprintable": ("tests.testapp.workers.Unprintable", "unprintable"),
-    "not_json": ("django_dbworker.exceptions.InvalidTaskArguments", "cannot be stored as JSON"),
+    "not_json": ("builtins.TypeError", "Unsupported type"),  # as Django records it
     "system_exit": ("builtins.SystemExit", "3"),
     "tampered_path": ("django_dbworker.exceptions.UnknownTask",
                       "tests.testapp.batch_sideeffect.boom"),

@@ -131,11 +131,15 @@ def test_retrying_task_waits_for_its_delay():
 
 
 def test_return_value_must_be_json():
+    """Recorded as Django's ImmediateBackend records it: TypeError, "Unsupported type"."""
     result = tasks.returns_object.enqueue()
     assert run_until_idle() == {"failed": 1}
     result.refresh()
-    assert result.errors[0].exception_class_path.endswith("InvalidTaskArguments")
-    assert "cannot be stored as JSON" in result.errors[0].traceback
+    assert result.errors[0].exception_class is TypeError
+    assert result.errors[0].traceback.endswith(
+        "TypeError: Unsupported type: <class 'object'>; task 'returns_object' returned a "
+        "value that cannot be stored as JSON: return dicts, lists, strings, numbers, "
+        "booleans or None.\n")
 
 
 def test_return_value_size_is_bounded(settings):
@@ -230,9 +234,14 @@ def test_rate_limited_tasks_of_high_priority_are_not_starved_by_unlimited_ones()
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"priority": 101}, "priority=101 must be a whole number between -100 and 100"),
-        ({"queue_name": "nope"}, "queue 'nope' is not configured"),
-        ({"run_after": datetime(2030, 1, 1)}, "is naive"),
+        ({"priority": 101}, r"^priority must be a whole number between -100 and 100\. "
+                            r"Task 'add': priority=101 was given\.$"),
+        ({"queue_name": "nope"}, r"^Queue 'nope' is not valid for backend\. .*"
+                                 r"queue 'nope' is not configured"),
+        ({"run_after": datetime(2030, 1, 1)},
+         r"^run_after must be an aware datetime\. Task 'add': run_after=.* is naive"),
+        ({"priority": 1.5}, r"^priority must be a whole number"),
+        ({"queue_name": ""}, "queue_name='' must be a non-empty string"),
         ({"run_after": "tomorrow"}, "run_after must be a datetime or a timedelta"),
     ],
 )
@@ -244,7 +253,8 @@ def test_bad_using_options(options, message):
 def test_an_unknown_queue_says_where_to_add_it():
     with pytest.raises(InvalidTask) as caught:
         tasks.add.using(queue_name="reports")
-    assert str(caught.value) == (
+    assert str(caught.value) == (  # Django's own sentence first, then ours
+        "Queue 'reports' is not valid for backend. "
         "Task 'add': queue 'reports' is not configured for task backend 'default'; "
         "TASKS['default']['QUEUES'] is ['default', 'emails', 'slow']. Add 'reports' to "
         "TASKS['default']['QUEUES'] in your settings, or use one of those queues.")
@@ -261,6 +271,7 @@ def test_an_unknown_queue_of_a_backend_without_queues_says_to_add_them():
     with pytest.raises(InvalidTask) as caught:  # at decoration, as at import of tasks.py
         task(backend="on_commit", queue_name="reports")(f)
     assert str(caught.value) == (
+        "Queue 'reports' is not valid for backend. "
         "Task 'f': queue 'reports' is not configured for task backend 'on_commit', which "
         "has no QUEUES setting and so takes only ['default']. Add "
         "\"QUEUES\": ['default', 'reports'] to TASKS['on_commit'] in your settings.")

@@ -21,7 +21,7 @@ from .. import conf
 from ..models import TaskDependency, TaskRecord, TaskStatus
 from ..units import progress
 from ..units.claimant import Claimant
-from ..units.running import run_here
+from ..units.running import give_back, run_here
 from . import planner
 from . import store as taskstore
 
@@ -54,8 +54,13 @@ def run(ids: Iterable[Any]) -> int:
                     "end); the rest stays stored for runworkers "
                     "(django_dbworker.tasks.immediate.MAX_ATTEMPTS).")
             ran = [c.unit_pk for c in claims]
-            for claim in sorted(claims, key=taskstore.claim_order):
-                run_here(claim)
+            ordered = sorted(claims, key=taskstore.claim_order)
+            for n, claim in enumerate(ordered):
+                try:
+                    run_here(claim)
+                except KeyboardInterrupt:  # the user's Ctrl-C: the rest goes back unrun
+                    give_back(ordered[n + 1:])
+                    raise
                 attempts += 1
             records = TaskRecord.objects.using(using)
             # A retry runs at once: the caller waits for the task's end, not its delay.

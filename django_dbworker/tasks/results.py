@@ -8,7 +8,7 @@ from inspect import isclass
 from typing import Any
 
 from ..djtasks import TASK_REFRESH_ATTRS, Task, TaskError, TaskResult, TaskResultStatus
-from ..exceptions import DBWorkerError, UnknownTask
+from ..exceptions import DBWorkerError, ExceptionNotImported, UnknownTask
 from ..models import TaskRecord, TaskStatus
 from . import registry as task_registry
 from .forget import forget
@@ -160,12 +160,16 @@ class StoredTaskError(TaskError):
     def exception_class(self) -> type[BaseException]:
         path = self.exception_class_path
         found = _imported(path)
-        if not (isclass(found) and issubclass(found, BaseException)):
-            raise ValueError(
+        if found is None:
+            raise ExceptionNotImported(
                 f"{path!r} is not an exception class of a module imported in this process "
                 "(a stored error never imports a module); compare exception_class_path, "
                 "or import the module that defines the exception first."
             )
+        if not (isclass(found) and issubclass(found, BaseException)):
+            # Django's own sentence first (TaskError.exception_class).
+            raise ValueError(f"{path!r} does not reference a valid exception. It names a "
+                             f"{type(found).__name__}, not an exception class.")
         return found
 
 

@@ -31,6 +31,7 @@ from ..models import TaskStatus
 from ..outcomes import Result, RunOutcome, Snooze
 from ..units import aio, progress
 from ..units.failures import FailureInfo, class_path, format_traceback, recording, safe_message
+from ..units.running import in_caller
 from . import registry as task_registry
 from . import retry, snooze
 from . import store as taskstore
@@ -103,6 +104,8 @@ def run_task(c: TaskUnit, keep: Callable[[Kept], None] | None = None) -> Result 
         except BaseException as exc:
             if engine().session_lost(exc) or errors.gone(exc):
                 raise  # not the task's fault: the child opens a new session; it goes back
+            if isinstance(exc, KeyboardInterrupt) and in_caller():
+                raise  # the caller's Ctrl-C, not the task's failure (units.running)
             return _failed(task, c, exc, started)
         finished = timezone.now()
         ran = time.monotonic() - started
@@ -156,6 +159,8 @@ def _run_in_transaction(task: Any, c: TaskClaim, result: Any, row: Any, started:
     except BaseException as exc:
         if engine(using).session_lost(exc) or errors.gone(exc, using):
             raise  # not the task's fault: the child opens a new session; the task goes back
+        if isinstance(exc, KeyboardInterrupt) and in_caller():
+            raise  # the caller's Ctrl-C, not the task's failure (units.running)
         return _failed(task, c, exc, started)
     _callback(task, "on_success", c, value)
     _finished_signal(task, c, result=_succeeded(result, value, finished, unit))
@@ -181,8 +186,18 @@ def _call(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> An
 
 
 def _json_value(task: Any, value: Any) -> Any:
+    """The task's return value as stored, or the error its failure records: a type JSON
+    cannot hold is Django's own ``TypeError`` ("Unsupported type: ...", as its
+    ImmediateBackend records it), with what to do added; a float JSON refuses (NaN,
+    infinity), a NUL or too many bytes our ``InvalidTaskArguments``."""
     try:
         value = normalize_json(value)
+    except TypeError as exc:
+        raise TypeError(
+            f"{exc}; task {task.name!r} returned a value that cannot be stored as JSON: "
+            "return dicts, lists, strings, numbers, booleans or None."
+        ) from None
+    try:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidTaskArguments(

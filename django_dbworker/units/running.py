@@ -4,26 +4,56 @@ kind."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextvars import ContextVar
+
 from django.db import DatabaseError
 
 from ..db import errors
 from .failures import FailureInfo, class_path, format_traceback, safe_message
 from .protocol import Unit
 
+#: True while ``run_here`` runs a unit: the caller is the user at the keyboard.
+_in_caller: ContextVar[bool] = ContextVar("dbworker_in_caller", default=False)
+
+
+def in_caller() -> bool:
+    """Whether the unit runs in its caller (``run_here``), not in a runworkers child.
+
+    There a ``KeyboardInterrupt`` is the user's Ctrl-C: it goes up to the caller, as
+    Django's ``ImmediateBackend`` lets it through, and the unit is given back (READY, its
+    attempt taken back) without a failure. A child ignores SIGINT, so one raised there is
+    the unit's own and is recorded as its failure."""
+    return _in_caller.get()
+
 
 def run_here(c: Unit) -> str:
     """Run a unit in this process as a runworkers child would (``testing.run_until_idle``,
     the backend's immediate mode) and return its outcome: anything but a database error
     that escapes it becomes its FAILED record (a database error is raised: inside the
-    caller's transaction nothing more can be written)."""
+    caller's transaction nothing more can be written); a ``KeyboardInterrupt`` gives the
+    unit back and goes up (``in_caller``)."""
+    token = _in_caller.set(True)
     try:
         result = c.run()  # with no one to keep its success, a task records it now
         assert result is not None
         return result.outcome
+    except KeyboardInterrupt:
+        give_back([c])  # claimable again, its attempt taken back: not its failure
+        raise
     except DatabaseError:
         raise
     except Exception as exc:
         return "failed" if fail(c, fallback(c, exc)) else "lease_lost"
+    finally:
+        _in_caller.reset(token)
+
+
+def give_back(claimed: Sequence[Unit]) -> None:
+    """Give back units claimed here that did not run to their end (a Ctrl-C stopped their
+    run): claimable again, their attempts taken back, fenced by their tokens."""
+    for c in claimed:
+        c.kind.unclaim([c])
 
 
 def fail(c: Unit, info: FailureInfo) -> int:

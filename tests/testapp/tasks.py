@@ -46,6 +46,18 @@ def always_fails():
     raise ValueError("always")
 
 
+@task(retries=2)
+def interrupted():
+    """Stands for a Ctrl-C while it runs (test_immediate)."""
+    raise KeyboardInterrupt("Ctrl-C")
+
+
+@task(transactional=True)
+def interrupted_in_transaction(item_id):
+    Effect.objects.create(item_id=item_id, worker="interrupted")
+    raise KeyboardInterrupt("Ctrl-C")
+
+
 @task(retries=3, retry_for=(TimeoutError,), retry_delay=0)
 def wrong_exception():
     raise KeyError("not retried")
