@@ -36,6 +36,10 @@ def know_features(using: str) -> None:
 def own_process(using: str, *, runs_units: bool = False) -> None:
     """Set up ``using``'s connection in one of our own processes (``Engine.own_process``)."""
     connection = connections[using]
+    if runs_units:
+        # A child forked from its supervisor: the supervisor's bound on lock waits (on
+        # SQLite, its loop's) is not the child's, whose records wait their full time.
+        connection.__dict__.pop("_dbworker_lock_wait", None)
     engine_for(connection).own_process(connection, runs_units=runs_units)
 
 

@@ -19,7 +19,7 @@ from django.db import DatabaseError, connections
 
 from .. import conf, pausing
 from ..db import engine_for, notify
-from ..db.connections import connected, opened_at, own_process
+from ..db.connections import bound_lock_waits, connected, opened_at, own_process
 from ..logs import log_event, logger
 from ..outcomes import RunOutcome
 from ..rows import triggers
@@ -54,6 +54,11 @@ BROKEN_WORKER_PAUSE = 30.0
 #: Seconds before a claim that lost to another transaction (a deadlock, a lock wait timed
 #: out: ``units.transient``) runs again; the source is not paused for it.
 TRANSIENT_CLAIM_RETRY = 0.05
+#: Seconds the loop's statements wait for SQLite's write lock before they are tried again
+#: in a later round (the children's wait SQLITE_BUSY_TIMEOUT).
+MAIN_LOCK_WAIT = 1.0
+#: Seconds between two ``claim_retried`` lines of one source.
+CLAIM_RETRIED_LOG_INTERVAL = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +101,8 @@ class Supervisor:
         self._last_claim = 0.0
         self._rotation = 0
         self._broken: dict[str, float] = {}
+        #: When each source may log ``claim_retried`` again (monotonic seconds).
+        self._retried_logged: dict[str, float] = {}
         #: A claim of this round failed with a transient error: claimed again soon.
         self._claims_deferred = False
         #: Every source of the last round gave fewer units than asked: claiming again at
@@ -178,6 +185,12 @@ class Supervisor:
 
     def run(self) -> int:
         own_process(self.using)
+        if not engine_for(connections[self.using]).concurrent_writers:
+            # One write lock serves all (SQLite): a transactional handler holds it for as
+            # long as it runs. The loop's writes (sweeps, claims, releases) wait for it at
+            # most MAIN_LOCK_WAIT and are tried again in a later round (``units.transient``),
+            # so the loop keeps answering signals and its children.
+            bound_lock_waits(self.using, MAIN_LOCK_WAIT)
         if trace.ON:
             trace.statements(self.using)
         behind_transaction_pooler(self.using)  # before the children fork: they inherit it
@@ -488,9 +501,13 @@ class Supervisor:
         except Exception as exc:  # one bad source stops only itself
             if units.transient(exc):  # another transaction's locks: not the source's fault
                 self._claims_deferred = True
-                log_event(logging.INFO, "claim_retried", source=name,
-                          error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
-                          retry_in=TRANSIENT_CLAIM_RETRY)
+                now = time.monotonic()
+                if now >= self._retried_logged.get(name, -math.inf):
+                    self._retried_logged[name] = now + CLAIM_RETRIED_LOG_INTERVAL
+                    log_event(logging.INFO, "claim_retried", source=name,
+                              error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+                              retry_in=TRANSIENT_CLAIM_RETRY,
+                              next_log_in=CLAIM_RETRIED_LOG_INTERVAL)
                 return []
             self._broken_source(name, exc, raw)
             return []

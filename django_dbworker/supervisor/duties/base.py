@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol
 
 from django.db import DatabaseError
 
+from ...db import errors
 from ...logs import log_event
 
 type Clock = Callable[[], float]
@@ -91,9 +92,11 @@ class Duties:
     """Runs the duties that are due, in their order (the supervisor's loop calls it).
 
     A ``DatabaseError`` stops the round and goes up to the supervisor's outage back-off, as
-    the claims after the duties would fail on it too. Anything else a duty raises is logged
-    (``duty_failed``, at most once per ``FAILURE_LOG_INTERVAL`` per duty) and the next duty
-    runs: a broken duty never stops ``runworkers``.
+    the claims after the duties would fail on it too; one that another transaction's lock
+    caused (``errors.transient``: SQLite's write lock, a deadlock) only defers its duty to
+    a later round (``duty_deferred``, at most once per ``FAILURE_LOG_INTERVAL``). Anything
+    else a duty raises is logged (``duty_failed``, at most once per ``FAILURE_LOG_INTERVAL``
+    per duty) and the next duty runs: a broken duty never stops ``runworkers``.
     """
 
     def __init__(self, duties: Sequence[Duty], clock: Clock = time.monotonic) -> None:
@@ -111,11 +114,23 @@ class Duties:
             ran = True
             try:
                 duty.run(now)
-            except DatabaseError:
-                raise
+            except DatabaseError as exc:
+                if not errors.transient(exc):
+                    raise
+                self._deferred(duty, exc, now)  # due again at once (``Periodic.run``)
             except Exception as exc:
                 self._failed(duty, exc, now)
         return ran
+
+    def _deferred(self, duty: Duty, exc: Exception, now: float) -> None:
+        """A duty met another transaction's lock (SQLite's write lock past the loop's wait,
+        a deadlock): not an outage; it runs again in a later round."""
+        logged = self._logged[duty.name]
+        if logged.due(now):
+            logged.ran(now)
+            log_event(logging.INFO, "duty_deferred", duty=duty.name,
+                      error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+                      next_log_in=FAILURE_LOG_INTERVAL)
 
     def _failed(self, duty: Duty, exc: Exception, now: float) -> None:
         logged = self._logged[duty.name]
