@@ -122,6 +122,23 @@ def test_a_failing_duty_is_logged_once_per_interval_and_the_others_go_on(caplog)
     assert f"next_log_in={FAILURE_LOG_INTERVAL}" in lines[0]
 
 
+def test_another_transactions_lock_defers_the_duty_and_the_others_go_on(caplog):
+    """SQLite's write lock held past the loop's wait (a transactional handler), or a
+    deadlock: not an outage; the duty runs again in the next round, said once a minute."""
+    seen: list[str] = []
+    clock = Clock()
+    locked = Counting("discovery", 10.0, seen, error=OperationalError("database is locked"))
+    duties = Duties([locked, Counting("later", 1.0, seen)], clock)
+    with caplog.at_level(logging.INFO, logger="django_dbworker"):
+        duties.run_due()  # no outage raised
+        assert seen == ["discovery", "later"] and locked.due(clock.now)
+        duties.run_due()
+    assert seen == ["discovery", "later", "discovery"], "deferred: again at the next round"
+    lines = _events(caplog, "duty_deferred")
+    assert len(lines) == 1 and "duty=discovery" in lines[0], lines
+    assert not _events(caplog, "duty_failed")
+
+
 def test_a_database_error_goes_up_to_the_outage_and_the_duty_is_due_again_at_once():
     seen: list[str] = []
     clock = Clock()
