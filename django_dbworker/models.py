@@ -165,9 +165,6 @@ class Execution(models.Model):
                 condition=Q(state=State.WORKING),
                 flag="dbworker_working",
             ),
-            # The last minutes' completions (throughput and run times of the dashboard,
-            # ``dbworker stats`` and the metrics): a range of the window, not the history.
-            models.Index(fields=["finished_at"], name="dbworker_execution_finished_at"),
         ]
 
     def __str__(self) -> str:
