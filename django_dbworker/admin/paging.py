@@ -57,16 +57,12 @@ class BoundedPaginator(Paginator):
         if self.rows_by_key is None or not hasattr(page.object_list, "values_list"):
             return page
         keyed = page.object_list.values_list("pk", flat=True)
-        connection = connections[keyed.db]
-        hint = connection.vendor == "postgresql"
-        nested = connection.in_atomic_block  # ATOMIC_REQUESTS: SET LOCAL would outlive us
-        with transaction.atomic(using=keyed.db), connection.cursor() as cursor:
-            if hint:
-                cursor.execute("SET LOCAL enable_seqscan = off")
+        with transaction.atomic(using=keyed.db):
+            if connections[keyed.db].vendor == "postgresql":
+                with connections[keyed.db].cursor() as cursor:
+                    cursor.execute("SET LOCAL enable_seqscan = off")
             keys = list(keyed)
             by_key = {obj.pk: obj for obj in self.rows_by_key(keys)}
-            if hint and nested:
-                cursor.execute("SET LOCAL enable_seqscan = on")
         page.object_list = [by_key[k] for k in keys if k in by_key]
         return page
 
