@@ -167,12 +167,3 @@ def test_select_all_changes_in_batches(admin_client, units, monkeypatch):
     done = admin_client.post(url, {**across, "post": "yes"}, follow=True).content.decode()
     assert "Retry: 20 of 20 selected tasks changed, in 3 batches of up to 7." in done
     assert not TaskRecord.objects.filter(status=TaskStatus.FAILED).exists()
-
-
-@pytest.mark.xfail(reason="insight's completions and run times of executions read the last "
-                          "15 minutes by finished_at, which has no index on executions yet "
-                          "(issue 39)", strict=False)
-def test_dashboard_reads_by_index(admin_client, units):
-    """The dashboard is ``insight.snapshot``'s (counts capped, lags at the head of each
-    claim index): every statement it sends reads by index too."""
-    check(admin_client, reverse("admin:django_dbworker_dashboard_changelist"), {}, most=40)
