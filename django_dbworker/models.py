@@ -156,8 +156,6 @@ class Execution(models.Model):
                 condition=Q(state__in=CLAIMABLE),
                 flag="dbworker_claimable",
             ),
-            # The admin's list filtered by status, newest first (``?state__exact=``).
-            models.Index(fields=["state", "id"], name="dbworker_execution_state"),
             # Serves the reaper (expired leases) and lease renewal.
             PartialIndex(
                 fields=["lease_expires_at"],
@@ -438,11 +436,6 @@ class TaskRecord(models.Model):
             ),
             # A workflow's members (progress counts, cancel, the admin page).
             models.Index(fields=["workflow_id"], name="dbworker_task_workflow"),
-            # The admin's list, newest first (Django adds the key to the order): unfiltered,
-            # by status, by task (and its search by path).
-            models.Index(fields=["enqueued_at", "id"], name="dbworker_task_enqueued"),
-            models.Index(fields=["status", "enqueued_at", "id"], name="dbworker_task_status"),
-            models.Index(fields=["task_path", "enqueued_at", "id"], name="dbworker_task_path"),
             PartialIndex(
                 fields=["finished_at"],
                 name="dbworker_task_finished",

@@ -5,65 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 
 from ..models import Failure
-from ..rows.queries import Probe
 from ..rows.registry import workers
-from ..tasks import names
-from ..tasks import registry as tasks
 
 
-class NamedFilter(admin.SimpleListFilter):
-    """Choices from the code and the settings, never a ``DISTINCT`` over the table (a
-    full scan at every page view); a name no longer declared is still found by URL."""
-
-    field = ""
-
-    def names(self) -> set[str]:
-        raise NotImplementedError
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        choices = self.names()
-        if value := self.value():
-            choices.add(value)
-        return [(name, name) for name in sorted(choices)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
-
-
-class WorkerFilter(NamedFilter):
-    """The registered workers."""
+class WorkerFilter(admin.SimpleListFilter):
+    """The registered workers (a worker removed from the code is still found by URL)."""
 
     title = "worker"
-    parameter_name = field = "worker"
+    parameter_name = "worker"
 
-    def names(self) -> set[str]:
-        return set(workers)
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = set(workers)
+        if value := self.value():
+            names.add(value)
+        return [(name, name) for name in sorted(names)]
 
-
-class QueueFilter(NamedFilter):
-    """The queues of ``TASKS``' DBWorkerBackends (the parameter Django's own filter used)."""
-
-    title = "queue name"
-    parameter_name = "queue_name__exact"
-    field = "queue_name"
-
-    def names(self) -> set[str]:
-        return set(names.configured_queues())
-
-
-class TaskPathFilter(NamedFilter):
-    """The tasks defined in the code."""
-
-    title = "task path"
-    parameter_name = "task_path__exact"
-    field = "task_path"
-
-    def names(self) -> set[str]:
-        return set(tasks.known())
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(worker=self.value()) if self.value() else queryset
 
 
 class ExceptionFilter(admin.SimpleListFilter):
@@ -82,7 +44,5 @@ class ExceptionFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if not self.value():
             return queryset
-        # A probe per execution the other filters leave (by execution_id), never a join
-        # that reads every failure: the plan does not depend on the tables' statistics.
-        return queryset.filter(Probe(Failure.objects.filter(
+        return queryset.filter(Exists(Failure.objects.filter(
             execution=OuterRef("pk"), exception_class=self.value())))
