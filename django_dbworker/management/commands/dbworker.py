@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import OperationalError, connections
+from django.db import OperationalError
 from django.utils.module_loading import autodiscover_modules
 
 from django_dbworker import conf
@@ -23,7 +23,7 @@ from django_dbworker.cli import (
     triggers,
     workflows,
 )
-from django_dbworker.db import errors
+from django_dbworker.db import engine, errors
 from django_dbworker.db.connections import own_process
 
 #: The version of every JSON document but those whose meaning changed since
@@ -133,7 +133,7 @@ class Command(BaseCommand):
             self._run(name, options)
         except OperationalError as exc:
             using = conf.get().DATABASE
-            if connections[using].vendor != "sqlite" or not errors.transient(exc, using):
+            if engine(using).concurrent_writers or not errors.transient(exc, using):
                 raise
             raise CommandError(
                 f"The database is locked: another process held its write lock longer than "
