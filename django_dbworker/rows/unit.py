@@ -21,6 +21,7 @@ from ..outcomes import Result
 from ..tasks import retry
 from ..units import aio
 from ..units.failures import FailureInfo, safe_message
+from ..units.protocol import units_of
 from . import chain, pending, store
 from .registry import workers
 from .runner import run
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 #: The class path a timed-out handler's failure records.
 TIMEOUT = "django_dbworker.exceptions.HandlerTimeout"
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(store.Claim))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,8 +47,7 @@ class RowUnit(store.Claim):
     @classmethod
     def of(cls, claims: Iterable[store.Claim]) -> list[RowUnit]:
         """The units of ``claims`` (the store's records of them)."""
-        return [c if isinstance(c, RowUnit) else cls(*(getattr(c, f) for f in _FIELDS))
-                for c in claims]
+        return units_of(cls, claims)
 
     @property
     def group(self) -> str:

@@ -18,6 +18,7 @@ from ..models import TaskRecord, TaskStatus
 from ..outcomes import Result
 from ..rows import chain
 from ..units.failures import FailureInfo
+from ..units.protocol import units_of
 from . import registry, store
 from .runner import record_stopped, run_task
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 #: The class path a timed-out task's failure records.
 TIMEOUT = "django_dbworker.exceptions.TaskTimeout"
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(store.TaskClaim))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,8 +44,7 @@ class TaskUnit(store.TaskClaim):
     @classmethod
     def of(cls, claims: Iterable[store.TaskClaim]) -> list[TaskUnit]:
         """The units of ``claims`` (the store's records of them)."""
-        return [c if isinstance(c, TaskUnit) else cls(*(getattr(c, f) for f in _FIELDS))
-                for c in claims]
+        return units_of(cls, claims)
 
     @property
     def group(self) -> str:

@@ -10,9 +10,10 @@ execution) and ``tasks.unit.TaskUnit`` (an enqueued task).
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from .leases import Leases
 
@@ -93,3 +94,10 @@ class Unit(Protocol):
         """Give it back after it was cut off (``crashed`` None) or its process died:
         claimable again, or FAILED once it crashed ``max_crashes`` times."""
         ...
+
+
+def units_of[U](cls: type[U], claims: Iterable[Any]) -> list[U]:
+    """``claims`` (a store's frozen claim records) as units of ``cls``, a unit class that
+    subclasses their record class and adds no field; a unit already is one."""
+    names = [f.name for f in dataclasses.fields(cast(Any, cls))]
+    return [c if isinstance(c, cls) else cls(*(getattr(c, n) for n in names)) for c in claims]

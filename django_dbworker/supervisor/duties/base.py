@@ -117,25 +117,18 @@ class Duties:
             except DatabaseError as exc:
                 if not errors.transient(exc):
                     raise
-                self._deferred(duty, exc, now)  # due again at once (``Periodic.run``)
+                # Another transaction's lock (SQLite's write lock past the loop's wait, a
+                # deadlock): not an outage; due again at once (``Periodic.run``).
+                self._said(logging.INFO, "duty_deferred", duty, exc, now)
             except Exception as exc:
-                self._failed(duty, exc, now)
+                self._said(logging.ERROR, "duty_failed", duty, exc, now)
         return ran
 
-    def _deferred(self, duty: Duty, exc: Exception, now: float) -> None:
-        """A duty met another transaction's lock (SQLite's write lock past the loop's wait,
-        a deadlock): not an outage; it runs again in a later round."""
+    def _said(self, level: int, event: str, duty: Duty, exc: Exception, now: float) -> None:
+        """Log what befell ``duty``, at most once per ``FAILURE_LOG_INTERVAL`` per duty."""
         logged = self._logged[duty.name]
         if logged.due(now):
             logged.ran(now)
-            log_event(logging.INFO, "duty_deferred", duty=duty.name,
-                      error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
-                      next_log_in=FAILURE_LOG_INTERVAL)
-
-    def _failed(self, duty: Duty, exc: Exception, now: float) -> None:
-        logged = self._logged[duty.name]
-        if logged.due(now):
-            logged.ran(now)
-            log_event(logging.ERROR, "duty_failed", duty=duty.name,
+            log_event(level, event, duty=duty.name,
                       error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
                       next_log_in=FAILURE_LOG_INTERVAL)
