@@ -50,6 +50,8 @@ class State(models.TextChoices):
 
 #: States from which a unit may be claimed.
 CLAIMABLE = (State.PENDING, State.UNFINISHED)
+#: States that neither a claim nor the reaper reads: the admin's index by state has them.
+SETTLED = (State.FINISHED, State.FAILED)
 
 
 class Transition(frozenset[str]):
@@ -156,6 +158,17 @@ class Execution(models.Model):
                 condition=Q(state__in=CLAIMABLE),
                 flag="dbworker_claimable",
             ),
+            # The admin's list filtered by an end state, newest first
+            # (``?state__exact=FAILED``), and the FAILED ones by exception. Partial: the
+            # claim, the reaper and the renewal read WORKING and claimable units through
+            # their own indexes, and an index of every state would tempt the planner away
+            # from those where a table has no statistics.
+            PartialIndex(
+                fields=["state", "id"],
+                name="dbworker_execution_state",
+                condition=Q(state__in=SETTLED),
+                flag="dbworker_settled",
+            ),
             # Serves the reaper (expired leases) and lease renewal.
             PartialIndex(
                 fields=["lease_expires_at"],
@@ -163,6 +176,9 @@ class Execution(models.Model):
                 condition=Q(state=State.WORKING),
                 flag="dbworker_working",
             ),
+            # The last minutes' completions (throughput and run times of the dashboard,
+            # ``dbworker stats`` and the metrics): a range of the window, not the history.
+            models.Index(fields=["finished_at"], name="dbworker_execution_finished_at"),
         ]
 
     def __str__(self) -> str:
@@ -292,6 +308,8 @@ class TaskStatus(models.TextChoices):
 
 TASK_CLAIMABLE = (TaskStatus.READY, TaskStatus.RETRYING)
 TASK_FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
+#: Statuses that neither a claim nor the reaper reads: the admin's index by status has them.
+TASK_SETTLED = (TaskStatus.WAITING, *TASK_FINISHED)
 
 
 #: The guard of ``dbworker_task_claimable_any``, true of every task (priority is a
@@ -436,6 +454,21 @@ class TaskRecord(models.Model):
             ),
             # A workflow's members (progress counts, cancel, the admin page).
             models.Index(fields=["workflow_id"], name="dbworker_task_workflow"),
+            # The admin's list, newest first (Django adds the key to the order): unfiltered,
+            # by status, by task (and its search by path).
+            models.Index(fields=["enqueued_at", "id"], name="dbworker_task_enqueued"),
+            # By status: the statuses no claim, reaper or renewal reads (the same reason
+            # as the executions' ``dbworker_execution_state``); the list of the claimable
+            # and running ones walks ``dbworker_task_enqueued``.
+            PartialIndex(
+                fields=["status", "enqueued_at", "id"],
+                name="dbworker_task_status",
+                condition=Q(status__in=TASK_SETTLED),
+                flag="dbworker_settled",
+            ),
+            models.Index(fields=["task_path", "enqueued_at", "id"], name="dbworker_task_path"),
+            # The admin's search by unique key (docs/tasks.md).
+            models.Index(fields=["unique_key"], name="dbworker_task_unique_key"),
             PartialIndex(
                 fields=["finished_at"],
                 name="dbworker_task_finished",

@@ -15,6 +15,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from . import conf
+from .insight import deadline
 from .insight import health as health_checks
 from .insight import metrics as prometheus
 from .logs import log_event
@@ -23,6 +24,10 @@ from .logs import log_event
 UNAVAILABLE = {"healthy": False, "status": "unavailable", "failing": ["database"],
                "problems": ["the database cannot be read; see the django_dbworker log "
                             "(health_database_error) for why"]}
+#: What it learns when the database answers too slowly (``insight.deadline``).
+DEGRADED = {"healthy": False, "status": "degraded", "failing": ["database"],
+            "problems": [f"the database did not answer within {deadline.SECONDS:g}s; "
+                         "see the django_dbworker log (health_database_error)"]}
 
 
 def _database_error(event: str, exc: DatabaseError) -> None:
@@ -36,10 +41,12 @@ def health(request: HttpRequest) -> JsonResponse:
     """200 when healthy, 503 with the problems otherwise; 503 naming only the failing
     component when the database is down."""
     try:
-        verdict = health_checks.verdict()
+        with deadline.limited(conf.get().DATABASE):
+            verdict = health_checks.verdict()
     except DatabaseError as exc:
         _database_error("health_database_error", exc)
-        return JsonResponse(UNAVAILABLE, status=503)
+        return JsonResponse(DEGRADED if isinstance(exc, deadline.Overdue) else UNAVAILABLE,
+                            status=503)
     verdict = {"status": "ok" if verdict["healthy"] else "unhealthy", **verdict}
     return JsonResponse(verdict, status=200 if verdict["healthy"] else 503)
 
@@ -51,9 +58,13 @@ def metrics(request: HttpRequest) -> HttpResponse:
     ``DBWORKER["METRICS_PROCESS"]`` is False); 503 with a short text body when the database
     is down."""
     try:
-        text = prometheus.render(process=conf.get().METRICS_PROCESS)
+        with deadline.limited(conf.get().DATABASE):
+            text = prometheus.render(process=conf.get().METRICS_PROCESS)
     except DatabaseError as exc:
         _database_error("metrics_database_error", exc)
-        return HttpResponse("database unavailable (see the django_dbworker log)\n",
+        why = ("database too slow: no answer within "
+               f"{deadline.SECONDS:g}s" if isinstance(exc, deadline.Overdue)
+               else "database unavailable")
+        return HttpResponse(f"{why} (see the django_dbworker log)\n",
                             status=503, content_type="text/plain; charset=utf-8")
     return HttpResponse(text, content_type=prometheus.CONTENT_TYPE)

@@ -81,9 +81,15 @@ def unit(u: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _count(line: dict[str, Any], status: str) -> str | int:
+    """A count; ">=N" where it stopped at the bound (``at_least``)."""
+    n = line["counts"].get(status, 0)
+    return f">={n}" if status in line.get("at_least", ()) else n
+
+
 def _lines(title: str, lines: list[dict[str, Any]], statuses: list[str]) -> str:
     return table([title, *(s.lower() for s in statuses), "lag", "done 1m/5m/15m", "avg run"], [
-        (line["name"], *(line["counts"].get(s, 0) for s in statuses),
+        (line["name"], *(_count(line, s) for s in statuses),
          "-" if line["lag_seconds"] is None else f"{line['lag_seconds']:.1f}s",
          "/".join(str(n) for n in line["throughput"].values()),
          "-" if line["avg_seconds"] is None else f"{line['avg_seconds']:.3f}s")

@@ -65,11 +65,18 @@ def inspect(ids: list[str]) -> dict[str, Any]:
     }
 
 
-def stats(worker_names: list[str] | None, queue_names: list[str] | None) -> dict[str, Any]:
+#: The version of ``stats``' JSON document (docs/cli.md), by ``--exact``: version 2's
+#: counts stop at ``insight.counts.CAP`` (a line's ``at_least`` names those statuses);
+#: version 1 counted every row.
+STATS_VERSIONS = {False: 2, True: 1}
+
+
+def stats(worker_names: list[str] | None, queue_names: list[str] | None, *,
+          exact: bool = False) -> dict[str, Any]:
     check_names(worker_names, queue_names)
     if worker_names or queue_names:  # only what was named
-        return snapshot.take(worker_names or [], queue_names or []).as_dict()
-    return snapshot.take().as_dict()
+        return snapshot.take(worker_names or [], queue_names or [], exact=exact).as_dict()
+    return snapshot.take(exact=exact).as_dict()
 
 
 #: The listings of failures and the version of each one's JSON document (docs/cli.md):

@@ -12,7 +12,7 @@ what its database does better or differently.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -382,6 +382,29 @@ class Engine:
     def json_last(self, key: str) -> str:
         """A ``Func`` template: ``key`` of the last element of a JSON list expression."""
         raise self.unsupported("reading a JSON list")
+
+    def seconds_between(self) -> tuple[str, bool]:
+        """SQL of the seconds from ``{first}`` to ``{second}`` (two datetime expressions) as
+        a float, computed by the database (never a Python function per row), and whether
+        ``{second}`` comes first in it (the order of the parameters)."""
+        raise self.unsupported("subtracting times")
+
+    # ----- the operator's reads -----------------------------------------------------------
+
+    def limit_statements(self, connection: BaseDatabaseWrapper,
+                         seconds: float) -> Callable[[], None]:
+        """Stop each statement of the current transaction that runs past ``seconds`` (the
+        database raises its own error); returns what puts the connection back after."""
+        return lambda: None
+
+    def stopped_by_limit(self, exc: BaseException) -> bool:
+        """``exc`` is the error of a statement ``limit_statements`` stopped."""
+        return False
+
+    def prefer_index_scans(self, cursor: Any, prefer: bool = True) -> None:
+        """Inside a transaction: have its planner read by index where one serves, not by
+        sequential scans its guesses favour on tables without statistics (then ``prefer``
+        False puts it back, before the transaction goes on with other work)."""
 
     def values_source(self, connection: BaseDatabaseWrapper, columns: Sequence[Any],
                       rows: Sequence[Sequence[Any]]) -> tuple[tuple[str, list[Any]],

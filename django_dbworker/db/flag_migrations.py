@@ -51,3 +51,31 @@ class WherePartialIndexesLack(migrations.SeparateDatabaseAndState):
         for model, index in self._flagged(app_label, from_state):
             schema_editor.execute(f"ALTER TABLE {q(model._meta.db_table)} "
                                   f"DROP COLUMN {q(index.flag)}")
+
+
+class AddFlaggedIndex(migrations.AddIndex):
+    """``AddIndex`` of a ``PartialIndex`` whose flag column is new: where the database has
+    no partial indexes, the column is added first (and dropped after the index when
+    reversed); elsewhere a plain ``AddIndex`` of the partial index."""
+
+    index: PartialIndex
+
+    def deconstruct(self) -> Any:
+        _, args, kwargs = super().deconstruct()
+        return (self.__class__.__qualname__, args, kwargs)
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                          to_state: Any) -> None:
+        if not has_partial_indexes(schema_editor.connection):
+            model = to_state.apps.get_model(app_label, self.model_name)
+            schema_editor.execute(flag_column_sql(model, self.index, schema_editor.quote_name))
+        super().database_forwards(app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                           to_state: Any) -> None:
+        super().database_backwards(app_label, schema_editor, from_state, to_state)
+        if not has_partial_indexes(schema_editor.connection):
+            model = from_state.apps.get_model(app_label, self.model_name)
+            q = schema_editor.quote_name
+            schema_editor.execute(f"ALTER TABLE {q(model._meta.db_table)} "
+                                  f"DROP COLUMN {q(self.index.flag)}")

@@ -11,7 +11,7 @@ supervisor runs a cheap indexed probe every 50 ms (``commit_counter``).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from django.core.checks import CheckMessage, Error, Warning
@@ -138,6 +138,29 @@ class MySQL(Engine):
     def json_drop_last(self) -> str:
         return ("JSON_REMOVE(%(expressions)s, "
                 "CONCAT('$[', JSON_LENGTH(%(expressions)s) - 1, ']'))")
+
+    def seconds_between(self) -> tuple[str, bool]:
+        return "(TIMESTAMPDIFF(MICROSECOND, {first}, {second}) / 1000000.0)", False
+
+    def limit_statements(self, connection: BaseDatabaseWrapper,
+                         seconds: float) -> Callable[[], None]:
+        # A session setting (MariaDB: seconds; MySQL: milliseconds), put back after.
+        mariadb = connection.mysql_is_mariadb  # type: ignore[attr-defined]
+        name, value = (("max_statement_time", seconds) if mariadb
+                       else ("max_execution_time", int(seconds * 1000)))
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT @@SESSION.{name}")
+            (before,) = cursor.fetchone()
+            cursor.execute(f"SET SESSION {name} = %s", [value])
+
+        def undo() -> None:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET SESSION {name} = %s", [before])
+        return undo
+
+    def stopped_by_limit(self, exc: BaseException) -> bool:
+        text = str(exc).lower()
+        return "max_statement_time" in text or "query execution was" in text
 
     def json_last(self, key: str) -> str:
         return ("JSON_UNQUOTE(JSON_EXTRACT(%(expressions)s, "

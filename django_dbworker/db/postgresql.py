@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -367,6 +367,21 @@ class PostgreSQL(Engine):
 
     def json_last(self, key: str) -> str:
         return f"((%(expressions)s) -> -1 ->> '{key}')"
+
+    def seconds_between(self) -> tuple[str, bool]:
+        return "EXTRACT(EPOCH FROM ({second} - {first}))", True
+
+    def limit_statements(self, connection: BaseDatabaseWrapper,
+                         seconds: float) -> Callable[[], None]:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL statement_timeout = %s", [f"{int(seconds * 1000)}ms"])
+        return lambda: None
+
+    def stopped_by_limit(self, exc: BaseException) -> bool:
+        return "statement timeout" in str(exc).lower()
+
+    def prefer_index_scans(self, cursor: Any, prefer: bool = True) -> None:
+        cursor.execute(f"SET LOCAL enable_seqscan = {'off' if prefer else 'on'}")
 
     def values_source(self, connection: BaseDatabaseWrapper, columns: Sequence[Any],
                       rows: Sequence[Sequence[Any]]) -> tuple[tuple[str, list[Any]],

@@ -208,6 +208,20 @@ class SQLite(Engine):
     def json_last(self, key: str) -> str:
         return f"json_extract(%(expressions)s, '$[#-1].{key}')"
 
+    def seconds_between(self) -> tuple[str, bool]:
+        return "((julianday({second}) - julianday({first})) * 86400.0)", True
+
+    def limit_statements(self, connection: BaseDatabaseWrapper,
+                         seconds: float) -> Callable[[], None]:
+        # A progress handler that interrupts the statement running past the deadline.
+        raw = connection.connection
+        deadline = time.monotonic() + seconds
+        raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+        return lambda: raw.set_progress_handler(None, 0)
+
+    def stopped_by_limit(self, exc: BaseException) -> bool:
+        return "interrupted" in str(exc).lower()
+
     # ----- wake-ups ---------------------------------------------------------------------
 
     # ----- space -----------------------------------------------------------------------

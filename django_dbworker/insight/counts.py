@@ -1,24 +1,33 @@
 """Counts by status, lag, throughput and durations, per worker and per queue.
 
-The counts and throughput read the whole history of the tables (a GROUP BY); the lag reads
-only the waiting units. Keep the dashboard's and the metrics' refresh rates modest on very
-large tables.
+Every read is bounded, whatever the size of the tables and whether or not they were
+ANALYZEd: the counts stop at ``CAP`` (a status that reaches it is *at least* that many,
+named in ``Counted.at_least``); the lag is read at the head of the claim order through
+the claim index (one row); throughput and durations read the last ``MINUTES`` only.
+``exact_counts`` is the old GROUP BY over the whole tables (``dbworker stats --exact``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, OuterRef, Q
+from django.db import connections
+from django.db.models import Count, F, Max, Q, QuerySet, Sum
 
 from .. import conf
-from ..db import keys
-from ..models import Execution, State, TaskRecord, TaskStatus
-from ..rows.queries import Probe
+from ..models import TASK_FINISHED, Execution, State, TaskRecord, TaskStatus
+from ..rows.queries import candidates
 from ..rows.registry import workers
+from .sql import SecondsBetween
 
+#: Counts stop here: above it a status is shown as "at least CAP" (``Counted.at_least``).
+CAP = 10_000
+#: At most this many queues with waiting tasks are found beyond the configured ones.
+MAX_QUEUES = 100
 #: Minutes of throughput history, one bucket a minute, oldest first.
 MINUTES = 15
 
@@ -35,7 +44,90 @@ def empty_task_counts() -> dict[str, int]:
     return dict.fromkeys(TaskStatus.values, 0)
 
 
+@dataclass(slots=True)
+class Counted:
+    """Counts by status of one worker or queue; ``at_least``: statuses whose count is a
+    lower bound (the count stopped at ``CAP``)."""
+
+    counts: dict[str, int]
+    at_least: set[str] = field(default_factory=set)
+
+
+def _capped(parts: Iterable[tuple[QuerySet[Any], str, tuple[str, ...]]],
+            empty: dict[str, int], cap: int) -> Counted:
+    """Each part: a queryset served by one index, its status column and the statuses it
+    holds; at most ``cap`` rows of each are read (one statement a part)."""
+    counted = Counted(dict(empty))
+    for qs, column, statuses in parts:
+        inner = qs.values(column)[:cap]
+        sql, params = inner.query.sql_with_params()
+        connection = connections[qs.db]
+        name = connection.ops.quote_name(column)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {name}, COUNT(*) FROM ({sql}) capped GROUP BY {name}",
+                           params)
+            rows = cursor.fetchall()
+        for status, n in rows:
+            counted.counts[status] = n
+        if sum(n for _, n in rows) >= cap:
+            counted.at_least |= set(statuses)
+    return counted
+
+
+def worker_counts(name: str, cap: int = CAP) -> Counted:
+    """One worker's executions by state, each part through its own index."""
+    qs = Execution.objects.using(_alias()).filter(worker=name)
+    return _capped([
+        (qs.claimable(), "state", (State.PENDING, State.UNFINISHED)),
+        (qs.working(), "state", (State.WORKING,)),
+        # The history has no index of its own: walked in the unique index's order, so
+        # only this worker's rows are read, and a common status stops at CAP.
+        (qs.finished().order_by("worker", "source_id"), "state", (State.FINISHED,)),
+        (qs.failed().order_by("worker", "source_id"), "state", (State.FAILED,)),
+    ], empty_execution_counts(), cap)
+
+
+def queue_counts(name: str, cap: int = CAP, history: Counted | None = None) -> Counted:
+    """One queue's tasks by status, each part through its own index; the finished ones
+    from ``history`` (``task_history()``: one read for every queue)."""
+    qs = TaskRecord.objects.using(_alias()).filter(queue_name=name)
+    counted = _capped([
+        (qs.ready().in_queues([name]), "status", (TaskStatus.READY, TaskStatus.RETRYING)),
+        (qs.running(), "status", (TaskStatus.RUNNING,)),
+        (qs.filter(status=TaskStatus.WAITING).order_by("workflow_id"), "status",
+         (TaskStatus.WAITING,)),
+    ], empty_task_counts(), cap)
+    history = task_history(cap) if history is None else history
+    for status in TASK_FINISHED:
+        counted.counts[status] = history.counts.get(f"{name}:{status}", 0)
+    if history.at_least:
+        counted.at_least |= set(TASK_FINISHED)
+    return counted
+
+
+def task_history(cap: int = CAP) -> Counted:
+    """The newest ``cap`` finished tasks (``dbworker_task_finished`` in its order) by
+    ``"<queue>:<status>"``: exact while fewer finished, else lower bounds (``at_least``:
+    every finished status). A queue has no index over its history, so one read of the
+    newest serves every queue."""
+    inner = (TaskRecord.objects.using(_alias()).finished().order_by("-finished_at")
+             .values("queue_name", "status")[:cap])
+    sql, params = inner.query.sql_with_params()
+    connection = connections[inner.db]
+    q, s = (connection.ops.quote_name(c) for c in ("queue_name", "status"))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {q}, {s}, COUNT(*) FROM ({sql}) newest GROUP BY {q}, {s}",
+                       params)
+        rows = cursor.fetchall()
+    counted = Counted({f"{queue}:{status}": n for queue, status, n in rows})
+    if sum(n for *_, n in rows) >= cap:
+        counted.at_least = set(TASK_FINISHED)
+    return counted
+
+
 def execution_counts() -> dict[str, dict[str, int]]:
+    """Exact counts of every worker's executions by state: a GROUP BY over the whole
+    table (``dbworker stats --exact``); the bounded reads are ``worker_counts``."""
     counts: dict[str, dict[str, int]] = defaultdict(empty_execution_counts)
     rows = Execution.objects.using(_alias()).values("worker", "state").annotate(n=Count("id"))
     for row in rows.order_by():
@@ -44,6 +136,7 @@ def execution_counts() -> dict[str, dict[str, int]]:
 
 
 def task_counts() -> dict[str, dict[str, int]]:
+    """Exact counts of every queue's tasks by status (see ``execution_counts``)."""
     counts: dict[str, dict[str, int]] = defaultdict(empty_task_counts)
     rows = TaskRecord.objects.using(_alias()).values("queue_name", "status").annotate(
         n=Count("id"))
@@ -52,32 +145,73 @@ def task_counts() -> dict[str, dict[str, int]]:
     return dict(counts)
 
 
-def worker_lag(name: str, now: datetime) -> float | None:
-    """Seconds the oldest due, eligible waiting unit of ``name`` has waited; None if none.
+def stored_workers() -> list[str]:
+    """Workers with executions, a skip scan of the unique index (worker, source_id): one
+    short read a worker, never the whole table."""
+    found: list[str] = []
+    qs = Execution.objects.using(_alias()).order_by("worker", "source_id")
+    while True:
+        step = qs.filter(worker__gt=found[-1]) if found else qs
+        name = step.values_list("worker", flat=True).first()
+        if name is None:
+            return found
+        found.append(name)
 
-    A unit waits from when it became claimable: its row was saved or swept, or its
-    ``Unfinished(delay=...)`` ran out. Rows the worker's ``eligible`` excludes do not count.
-    """
-    qs = Execution.objects.using(_alias()).claimable(now).filter(worker=name)
-    worker = workers.get(name)
-    if worker is not None:
-        try:
-            eligible = worker.eligible_queryset().order_by()
-        except Exception:  # a broken eligible is reported by check E003 and the supervisor
-            eligible = None
-        if eligible is not None:
-            pk = keys.pk_expression(worker.source, OuterRef("source_id"))
-            qs = qs.filter(Probe(eligible.filter(pk=pk)))
-    oldest = qs.aggregate(oldest=Min("available_at"))["oldest"]
+
+def waiting_queues() -> list[str]:
+    """Queues with a task waiting (READY or RETRYING), a skip scan of the claim index
+    (``dbworker_task_claimable``): one short read a queue, at most ``MAX_QUEUES``."""
+    found: list[str] = []
+    qs = TaskRecord.objects.using(_alias()).ready().order_by("queue_name", "-priority",
+                                                             "available_at")
+    while len(found) < MAX_QUEUES:
+        step = qs.filter(queue_name__gt=found[-1]) if found else qs
+        name = step.values_list("queue_name", flat=True).first()
+        if name is None:
+            break
+        found.append(name)
+    return found
+
+
+def _lag(oldest: datetime | None, now: datetime) -> float | None:
     return None if oldest is None else max((now - oldest).total_seconds(), 0.0)
 
 
-def queue_lags(now: datetime) -> dict[str, float]:
-    """Seconds the oldest due task of each queue has waited (queues with one waiting)."""
-    rows = (TaskRecord.objects.using(_alias())
-            .ready(now)
-            .values("queue_name").annotate(oldest=Min("available_at")).order_by())
-    return {r["queue_name"]: max((now - r["oldest"]).total_seconds(), 0.0) for r in rows}
+def worker_lag(name: str, now: datetime) -> float | None:
+    """Seconds the unit the next claim of ``name`` takes has waited; None if none waits.
+
+    The head of the claim order (eligible's order, only eligible rows, one row read
+    through the claim index as the claim reads it), not the oldest of all waiting units:
+    an aggregate over every waiting unit is what made this slow. A unit waits from when
+    it became claimable: its row was saved or swept, or its ``Unfinished(delay=...)`` ran
+    out."""
+    using = _alias()
+    worker = workers.get(name)
+    qs: Any = None
+    if worker is not None:
+        try:
+            qs = candidates(worker, now, using)
+        except Exception:  # a broken eligible is reported by check E003 and the supervisor
+            qs = None
+    if qs is None:  # a stored name without a declaration: its claim index order
+        qs = (Execution.objects.using(using).claimable(now).filter(worker=name)
+              .order_by("sort_key", "source_id"))
+    return _lag(qs.values_list("available_at", flat=True).first(), now)
+
+
+def queue_lag(name: str, now: datetime) -> float | None:
+    """Seconds the task the next claim of queue ``name`` takes has waited (the head of
+    ``-priority, available_at``, one row of the claim index); None if none is due."""
+    qs = (TaskRecord.objects.using(_alias()).ready(now).in_queues([name])
+          .order_by("-priority", "available_at"))
+    return _lag(qs.values_list("available_at", flat=True).first(), now)
+
+
+def queue_lags(now: datetime, names: Iterable[str] | None = None) -> dict[str, float]:
+    """``queue_lag`` of each queue named (default: those with a task waiting), only those
+    with a due task."""
+    lags = {q: queue_lag(q, now) for q in (waiting_queues() if names is None else names)}
+    return {q: lag for q, lag in lags.items() if lag is not None}
 
 
 def _per_minute(qs: Any, group: str, now: datetime) -> dict[str, list[int]]:
@@ -104,38 +238,25 @@ def execution_throughput(now: datetime) -> dict[str, list[int]]:
 
 def task_throughput(now: datetime) -> dict[str, list[int]]:
     """Tasks that reached SUCCESSFUL, FAILED or CANCELLED per queue and minute."""
-    return _per_minute(TaskRecord.objects.using(_alias()), "queue_name", now)
+    return _per_minute(TaskRecord.objects.using(_alias()).finished(), "queue_name", now)
 
 
 def _durations(qs: Any, group: str, started: str, now: datetime) -> dict[str, dict[str, float]]:
-    took = ExpressionWrapper(F("finished_at") - F(started), output_field=DurationField())
-    rows = (qs.filter(finished_at__gte=now - timedelta(minutes=MINUTES),
+    took = SecondsBetween(F(started), F("finished_at"))
+    # Bounded on both sides: a range the planner reads through the index without
+    # statistics (an open one it guesses covers a third of the table).
+    rows = (qs.filter(finished_at__gte=now - timedelta(minutes=MINUTES), finished_at__lte=now,
                       **{f"{started}__isnull": False})
             .annotate(took=took).values(group)
-            .annotate(n=Count("pk"), longest=Max("took"), total=_sum("took")).order_by())
-    result = {}
-    for r in rows:
-        total, longest = r["total"], r["longest"]
-        result[r[group]] = {
+            .annotate(n=Count("pk"), longest=Max("took"), total=Sum("took")).order_by())
+    return {
+        r[group]: {
             "count": r["n"],
-            "avg_seconds": _seconds(total) / r["n"] if r["n"] else 0.0,
-            "max_seconds": _seconds(longest),
+            "avg_seconds": max(float(r["total"] or 0) / r["n"], 0.0) if r["n"] else 0.0,
+            "max_seconds": max(float(r["longest"] or 0), 0.0),
         }
-    return result
-
-
-def _sum(name: str) -> Any:
-    from django.db.models import Sum
-
-    return Sum(name, output_field=DurationField())
-
-
-def _seconds(value: Any) -> float:
-    if value is None:
-        return 0.0
-    if isinstance(value, timedelta):
-        return max(value.total_seconds(), 0.0)
-    return max(float(value) / 1_000_000, 0.0)  # microseconds, as SQLite sums them
+        for r in rows
+    }
 
 
 def execution_durations(now: datetime) -> dict[str, dict[str, float]]:
@@ -145,5 +266,5 @@ def execution_durations(now: datetime) -> dict[str, dict[str, float]]:
 
 def task_durations(now: datetime) -> dict[str, dict[str, float]]:
     """Run time of the last attempt of tasks finished in the last minutes, per queue."""
-    return _durations(TaskRecord.objects.using(_alias()), "queue_name", "last_attempted_at",
-                      now)
+    return _durations(TaskRecord.objects.using(_alias()).finished(), "queue_name",
+                      "last_attempted_at", now)

@@ -15,8 +15,10 @@ from .snapshot import pauses_since
 
 def verdict() -> dict[str, Any]:
     """``{"healthy": bool, "problems": [...], ...}`` by ``HEALTH_MIN_SUPERVISORS`` and
-    ``HEALTH_MAX_LAG``. Only waiting units are read, never the finished history. A paused
-    queue or worker (``paused``: name to when) is not judged by its lag."""
+    ``HEALTH_MAX_LAG``. Only the head of each claim order is read (``counts.worker_lag``,
+    ``counts.queue_lags``: one row each through the claim index), never the finished
+    history nor a count. A paused queue or worker (``paused``: name to when) is not judged
+    by its lag."""
     config = conf.get()
     now = timezone.now()
     alive = Supervisor.objects.using(config.DATABASE).alive().count()  # the database's clock

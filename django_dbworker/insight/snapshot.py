@@ -28,6 +28,8 @@ class Line:
     max_seconds: float | None = None
     #: When it was paused (``django_dbworker.pause``); None: it is not.
     paused_since: datetime | None = None
+    #: Statuses whose count stopped at ``counts.CAP``: at least that many (sorted).
+    at_least: list[str] = field(default_factory=list)
 
     def done(self, minutes: int) -> int:
         return sum(self.per_minute[-minutes:])
@@ -62,34 +64,48 @@ class Snapshot:
         }
 
 
-def take(worker_names: list[str] | None = None, queue_names: list[str] | None = None) -> Snapshot:
+def take(worker_names: list[str] | None = None, queue_names: list[str] | None = None, *,
+         exact: bool = False) -> Snapshot:
+    """What the queues hold now, each read bounded (``counts``); ``exact``: counts by a
+    GROUP BY over the whole tables instead, as before 0.1.0 (slow on large tables)."""
     now = timezone.now()
-    by_worker, by_queue = counts.execution_counts(), counts.task_counts()
     w_rate, q_rate = counts.execution_throughput(now), counts.task_throughput(now)
     w_time, q_time = counts.execution_durations(now), counts.task_durations(now)
-    lags = counts.queue_lags(now)
     since = pauses_since()
     empty = [0] * counts.MINUTES
+    if exact:
+        by_worker, by_queue = counts.execution_counts(), counts.task_counts()
+    else:
+        history = counts.task_history()
     wanted_workers = worker_names if worker_names is not None else sorted(
-        set(names.worker_names(stored=False)) | set(by_worker))
+        set(names.worker_names(stored=False)) | set(w_rate)
+        | set(by_worker if exact else counts.stored_workers()))
     wanted_queues = queue_names if queue_names is not None else sorted(
-        set(names.configured_queues()) | set(by_queue))
-    workers = [
-        Line(name=n, counts=by_worker.get(n) or counts.empty_execution_counts(),
-             lag_seconds=counts.worker_lag(n, now), per_minute=w_rate.get(n, empty),
-             avg_seconds=w_time.get(n, {}).get("avg_seconds"),
-             max_seconds=w_time.get(n, {}).get("max_seconds"),
-             paused_since=since.get(f"worker:{n}"))
-        for n in wanted_workers
-    ]
-    queues = [
-        Line(name=q, counts=by_queue.get(q) or counts.empty_task_counts(),
-             lag_seconds=lags.get(q), per_minute=q_rate.get(q, empty),
-             avg_seconds=q_time.get(q, {}).get("avg_seconds"),
-             max_seconds=q_time.get(q, {}).get("max_seconds"),
-             paused_since=since.get(f"queue:{q}"))
-        for q in wanted_queues
-    ]
+        set(names.configured_queues()) | set(q_rate)
+        | set(by_queue if exact else counts.waiting_queues()))
+
+    def counted(name: str, kind: str) -> counts.Counted:
+        if exact:
+            found = (by_worker if kind == "worker" else by_queue).get(name)
+            return counts.Counted(found or (counts.empty_execution_counts() if kind == "worker"
+                                            else counts.empty_task_counts()))
+        return counts.worker_counts(name) if kind == "worker" else \
+            counts.queue_counts(name, history=history)
+
+    def line(name: str, kind: str) -> Line:
+        rate, took = (w_rate, w_time) if kind == "worker" else (q_rate, q_time)
+        found = counted(name, kind)
+        lag = counts.worker_lag(name, now) if kind == "worker" else \
+            counts.queue_lag(name, now)
+        return Line(name=name, counts=found.counts, lag_seconds=lag,
+                    per_minute=rate.get(name, empty),
+                    avg_seconds=took.get(name, {}).get("avg_seconds"),
+                    max_seconds=took.get(name, {}).get("max_seconds"),
+                    paused_since=since.get(f"{kind}:{name}"),
+                    at_least=sorted(found.at_least))
+
+    workers = [line(n, "worker") for n in wanted_workers]
+    queues = [line(q, "queue") for q in wanted_queues]
     groups = failures.grouped()
     if worker_names is not None or queue_names is not None:
         groups = [g for g in groups

@@ -55,6 +55,9 @@ class Command(BaseCommand):
             .add_argument("ids", nargs="*", metavar="ID")
         p = add("stats", "Counts by status, lag, throughput and failures.")
         self._names(p)
+        p.add_argument("--exact", action="store_true",
+                       help="Count every status exactly (a scan of the whole tables; JSON "
+                            "version 1). Without it counts stop at 10000 (\"at_least\").")
         for name, help_text in (
                 ("failed", "Executions and tasks that failed: first those that will be tried "
                  "again (tasks RETRYING, units given back after a crash), next try first, "
@@ -166,7 +169,9 @@ class Command(BaseCommand):
         if name == "inspect":
             doc, text = reports.inspect(options["ids"]), render.inspect
         elif name == "stats":
-            doc, text = reports.stats(options["workers"], options["queues"]), render.stats
+            exact = options.get("exact", False)
+            doc = reports.stats(options["workers"], options["queues"], exact=exact)
+            text, version = render.stats, reports.STATS_VERSIONS[exact]
         elif name in ("failed", "dead"):
             self._limit(options)
             listing = "retrying" if options.get("retrying") else name
