@@ -326,8 +326,11 @@ def test_the_cli_and_the_admin_show_the_key(admin_client):
     assert '<small class="dbw-key" title="unique key">key: report</small>' in page
     page = admin_client.get(f"/admin/django_dbworker/taskrecord/{result.id}/change/")
     assert "Unique key" in page.content.decode() and "report" in page.content.decode()
-    found = admin_client.get("/admin/django_dbworker/taskrecord/?q=repo").content.decode()
+    found = admin_client.get("/admin/django_dbworker/taskrecord/?q=report").content.decode()
     assert result.id[:8] in found
+    # Exactly: indexed equalities, never a substring scan (docs/operating.md).
+    found = admin_client.get("/admin/django_dbworker/taskrecord/?q=repo").content.decode()
+    assert result.id[:8] not in found
 
 
 # ----- the race ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ every action checks its permission again before it changes anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,19 @@ from .djadmin import FORM_ACTIONS, ActionLocation, base_actions
 
 #: At most this many selected rows are listed on the confirmation page.
 LISTED = 100
+#: Rows changed per statement by an action: each batch is its own short transaction.
+BATCH = 1_000
+
+
+def _batches(queryset: QuerySet[Any]) -> Iterator[list[Any]]:
+    """The primary keys of ``queryset`` in batches of ``BATCH``, by keyset on the key."""
+    rows = queryset.order_by("pk").values_list("pk", flat=True)
+    pks = list(rows[:BATCH])
+    while pks:
+        yield pks
+        if len(pks) < BATCH:
+            return
+        pks = list(rows.filter(pk__gt=pks[-1])[:BATCH])
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,41 +87,50 @@ class GuardedActions:
 
     def run_change(self, request: HttpRequest, queryset: QuerySet[Any], change: Change,
                    *, permitted: bool) -> HttpResponse | None:
-        """Check, confirm when several rows are selected, then apply ``change``."""
+        """Check, confirm when several rows are selected, then apply ``change`` in batches
+        of ``BATCH`` primary keys: "select all" of a million rows never loads them."""
         if not permitted:
             raise PermissionDenied(f"You may not {change.verb.lower()} {change.what}.")
-        selected = list(queryset)
-        if len(selected) > 1 and request.POST.get("post") != "yes":
-            return self._confirm(request, queryset, selected, change)
-        pks = list(change.changeable(queryset).values_list("pk", flat=True))
-        changed = change.apply(pks) if pks else 0
-        self._log(request, queryset.model, pks, change)
-        left = len(selected) - changed
-        text = f"{change.verb}: {changed} of {len(selected)} selected {change.what} changed."
+        count = queryset.order_by().count()
+        if count > 1 and request.POST.get("post") != "yes":
+            return self._confirm(request, queryset, count, change)
+        changed, batches = 0, 0
+        logged: list[Any] = []
+        for pks in _batches(change.changeable(queryset)):
+            changed += change.apply(pks)
+            batches += 1
+            logged += pks[:LISTED * 10 - len(logged)]
+        self._log(request, queryset.model, logged, change)
+        left = count - changed
+        text = f"{change.verb}: {changed} of {count} selected {change.what} changed"
+        text += f", in {batches} batches of up to {BATCH:,}." if batches > 1 else "."
         if left:
             text += f" {left} could not be changed ({change.effect}) and were left as they were."
         level = messages.SUCCESS if changed else messages.WARNING
         self.message_user(request, text, level)  # type: ignore[attr-defined]
         return None
 
-    def _confirm(self, request: HttpRequest, queryset: QuerySet[Any], selected: list[Any],
+    def _confirm(self, request: HttpRequest, queryset: QuerySet[Any], count: int,
                  change: Change) -> TemplateResponse:
         opts = queryset.model._meta
-        will = set(change.changeable(queryset).values_list("pk", flat=True))
-        rows = [(obj, obj.pk in will) for obj in selected[:LISTED]]
+        listed = list(queryset[:LISTED])
+        will = set(change.changeable(queryset.filter(pk__in=[o.pk for o in listed]))
+                   .values_list("pk", flat=True))
+        across = request.POST.get("select_across", "0")
         context = {
             **self.admin_site.each_context(request),  # type: ignore[attr-defined]
-            "title": f"{change.verb} {len(selected)} {change.what}?",
+            "title": f"{change.verb} {count} {change.what}?",
             "opts": opts,
             "app_label": opts.app_label,
             "change": change,
-            "rows": rows,
-            "more": max(len(selected) - LISTED, 0),
-            "count": len(selected),
-            "changing": len(will),
-            "pks": [obj.pk for obj in selected],
+            "rows": [(obj, obj.pk in will) for obj in listed],
+            "more": max(count - LISTED, 0),
+            "count": count,
+            "changing": change.changeable(queryset).order_by().count(),
+            # "Select all": the action runs on the changelist's query again, not on keys.
+            "pks": [] if across == "1" else [obj.pk for obj in listed],
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "select_across": request.POST.get("select_across", "0"),
+            "select_across": across,
             "verbose_name": capfirst(opts.verbose_name),
         }
         return TemplateResponse(request, "admin/django_dbworker/confirm_action.html", context)

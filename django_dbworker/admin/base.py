@@ -13,16 +13,22 @@ from django.urls import reverse
 
 from .. import conf
 from .djadmin import ActionLocation, base_actions, with_func
+from .paging import BoundedChangelist
 
 
-class QueueTableAdmin(admin.ModelAdmin):
+class QueueTableAdmin(BoundedChangelist, admin.ModelAdmin):
     """Rows are written by supervisors and changed only through actions (guarded UPDATEs),
     never by a form: nothing is added, the change permission opens only the list page
     (where the actions are), and rows are read from ``DBWORKER["DATABASE"]``.
 
     ``busy_rows`` selects the rows a process is running now: "Delete selected" and the delete
     page leave them alone (the DELETE itself excludes them, so a row that started meanwhile
-    is kept too) and say why: ``busy_advice``."""
+    is kept too) and say why: ``busy_advice``.
+
+    Lists stay bounded at millions of rows: a bounded count (``paging``), no facet counts
+    (the dashboard counts by status), filters whose choices come from the code."""
+
+    show_facets = admin.ShowFacets.NEVER
 
     #: Rows that must not be deleted (RUNNING tasks, WORKING executions).
     busy_rows: Q | None = None

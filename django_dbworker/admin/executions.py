@@ -22,7 +22,7 @@ from . import display
 from .actions import Change, GuardedActions
 from .base import QueueTableAdmin
 from .djadmin import ActionLocation, action
-from .filters import ExceptionFilter, WorkerFilter
+from .filters import ExceptionFilter, StatusFilter, WorkerFilter
 
 BOTH = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
 
@@ -75,12 +75,11 @@ class ExecutionAdmin(GuardedActions, QueueTableAdmin):
     list_display = ["id", "worker", "source", "status", "tries", "error", "started",
                     "finished", "duration"]
     list_display_links = ["id"]
-    list_filter = [WorkerFilter, "state", ExceptionFilter]
+    list_filter = [WorkerFilter, ("state", StatusFilter), ExceptionFilter]
     search_fields = ["=source_id"]
-    search_help_text = "The source row's primary key, exactly."
+    search_help_text = "The source row's primary key, exactly (rows of registered workers)."
     ordering = ["-id"]
     list_per_page = 50
-    show_full_result_count = False
     actions = ["retry_failed", "run_again"]
     busy_rows = Q(state=State.WORKING)
     busy_what = "working execution(s)"
@@ -99,6 +98,16 @@ class ExecutionAdmin(GuardedActions, QueueTableAdmin):
                        "progress_display", "created_at", "available_at", "started_at",
                        "finished_at", "duration", "supervisor", "claimed_host",
                        "claimed_pid", "lease_expires_at", "token"]
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Execution],
+                           search_term: str) -> tuple[QuerySet[Execution], bool]:
+        """``source_id`` per worker, through the (worker, source_id) unique index: the
+        worker filtered on, else every registered worker."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        names = [request.GET["worker"]] if request.GET.get("worker") else sorted(workers)
+        return queryset.filter(worker__in=names, source_id=term), False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Execution]:
         last = Failure.objects.filter(execution=OuterRef("pk")).order_by("-id")

@@ -13,12 +13,14 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..models import TaskRecord, TaskStatus
+from ..tasks import registry as tasks
 from ..tasks import store as taskstore
 from . import display
 from .actions import Change, GuardedActions
 from .base import QueueTableAdmin
 from .djadmin import action
 from .executions import BOTH
+from .filters import QueueFilter, StatusFilter, TaskPathFilter
 
 CANCELLABLE = (TaskStatus.READY, TaskStatus.WAITING, TaskStatus.RETRYING, TaskStatus.RUNNING)
 
@@ -47,13 +49,12 @@ CANCEL = Change(
 class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
     list_display = ["short_id", "name", "queue", "status_badge", "prio", "tries", "progress_column",
                     "runs_after", "duration"]
-    list_filter = ["status", "queue_name", "task_path"]
-    search_fields = ["task_path", "idempotency_key", "unique_key"]
-    search_help_text = ("A task id, or part of a task's dotted path, idempotency key or "
-                        "unique key.")
+    list_filter = [("status", StatusFilter), QueueFilter, TaskPathFilter]
+    search_fields = ["=task_path", "=idempotency_key"]
+    search_help_text = ("A task id, a task's dotted path, an idempotency key or a unique key, "
+                        "exactly.")
     ordering = ["-enqueued_at"]
     list_per_page = 50
-    show_full_result_count = False
     actions = ["retry_tasks", "cancel_tasks"]
     busy_rows = Q(status=TaskStatus.RUNNING)
     busy_what = "running task(s)"
@@ -78,10 +79,19 @@ class TaskRecordAdmin(GuardedActions, QueueTableAdmin):
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[TaskRecord],
                            search_term: str) -> tuple[QuerySet[TaskRecord], bool]:
+        """Indexed equalities, never a scan: the id, else the path of a task defined in the
+        code (or any dotted name), else an idempotency key or a unique key."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
         try:
-            return queryset.filter(pk=uuid.UUID(search_term.strip())), False
+            return queryset.filter(pk=uuid.UUID(term)), False
         except ValueError:
-            return super().get_search_results(request, queryset, search_term)
+            pass
+        if term in tasks.known() or ("." in term and " " not in term
+                                     and not queryset.filter(idempotency_key=term).exists()):
+            return queryset.filter(task_path=term), False
+        return queryset.filter(Q(idempotency_key=term) | Q(unique_key=term)), False
 
     # ----- columns ----------------------------------------------------------------------
 

@@ -64,7 +64,6 @@ class WorkflowAdmin(GuardedActions, QueueTableAdmin):
     search_help_text = "A workflow id, or part of its name."
     ordering = ["-created_at"]
     list_per_page = 50
-    show_full_result_count = False
     actions = ["cancel_workflows"]
     fields = ["id", "name", "created_at", "cancelled_at", "progress_counts", "callback",
               "members"]
