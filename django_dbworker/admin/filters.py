@@ -28,7 +28,8 @@ class StatusFilter(admin.ChoicesFieldListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         filtered = super().queryset(request, queryset)
         settled = self.SETTLED.get(self.field_path, ())
-        values = self.lookup_val or []  # the URL's values (a list since Django 5.0)
+        raw: str | list[str] | None = self.lookup_val  # the URL's (a list since Django 5.0)
+        values = [raw] if isinstance(raw, str) else list(raw or [])
         if filtered is not None and values and all(v in settled for v in values):
             return filtered.filter(InStates(self.field_path, settled))
         return filtered
