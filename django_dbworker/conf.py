@@ -99,6 +99,10 @@ class Config:
     HEALTH_MAX_LAG: float | None = 300.0
     #: ...or when fewer supervisors than this are alive.
     HEALTH_MIN_SUPERVISORS: int = 1
+    #: The health view warns (without answering 503) when another connection's
+    #: transaction has been open longer than this many seconds: it holds back the cleanup
+    #: of dead rows (PostgreSQL's MVCC horizon, InnoDB's purge). None: not checked.
+    HEALTH_MAX_TRANSACTION_AGE: float | None = 300.0
     #: The metrics view adds prometheus_client's process_*, python_info and python_gc_*
     #: metrics, which describe the web process serving the scrape (not the workers).
     METRICS_PROCESS: bool = True
@@ -128,7 +132,7 @@ _POSITIVE = {"LEASE_SECONDS", "HEARTBEAT_INTERVAL", "POLL_INTERVAL", "SWEEP_INTE
              "FULL_SWEEP_INTERVAL", "SQLITE_BUSY_TIMEOUT"}
 _NULLABLE = {
     "MAX_TASKS_PER_CHILD", "CHILD_MAX_MEMORY_MB", "RETENTION", "FULL_SWEEP_INTERVAL",
-    "TASK_RATE_LIMIT", "HEALTH_MAX_LAG",
+    "TASK_RATE_LIMIT", "HEALTH_MAX_LAG", "HEALTH_MAX_TRANSACTION_AGE",
 }
 _AT_LEAST_ONE = {
     "MAX_CRASHES", "SWEEP_BATCH", "CONCURRENCY", "MAX_TASKS_PER_CHILD", "RESULT_MAX_BYTES",
@@ -196,7 +200,8 @@ def _check(key: str, value: Any) -> None:
         raise ImproperlyConfigured(
             f"{where} is {raw!r}; it must be at most {limit:g} seconds ({told})."
         )
-    if key in _POSITIVE | {"RETENTION", "HEALTH_MAX_LAG"} and value <= 0:
+    if key in _POSITIVE | {"RETENTION", "HEALTH_MAX_LAG", "HEALTH_MAX_TRANSACTION_AGE"} \
+            and value <= 0:
         raise ImproperlyConfigured(f"{where} is {value!r}; it must be greater than 0.")
     if value < 0:
         raise ImproperlyConfigured(f"{where} is {value!r}; it must not be negative.")

@@ -219,6 +219,11 @@ METRIC_HELP = {
     "dbworker_supervisors": "Supervisors seen in the last day, by state.",
     "dbworker_paused_since_seconds": "Unix time a paused worker or queue was paused "
                                      "(only paused ones have a sample).",
+    "dbworker_oldest_transaction_seconds": "Seconds the oldest open transaction of another "
+                                           "connection has run (0: none).",
+    "dbworker_dead_rows": "Dead row versions of the units' tables (PostgreSQL).",
+    "dbworker_history_list_length": "Row versions waiting for InnoDB's purge "
+                                    "(MariaDB/MySQL).",
 }
 
 

@@ -521,6 +521,15 @@ class Engine:
 
     # ----- space given back after pruning (retention.py, ``dbworker vacuum``) -----------
 
+    def horizon(self, connection: BaseDatabaseWrapper,
+                tables: Sequence[str]) -> dict[str, Any]:
+        """What keeps deleted rows from being cleaned up (``insight.horizon``'s keys): the
+        oldest open transaction of another connection (``oldest_transaction``: seconds,
+        holder, pid, state; None when there is none or the database does not say),
+        PostgreSQL's dead row versions per table (``dead_rows``), InnoDB's history list
+        length (``history_length``). Reads only the server's own views, never our tables."""
+        return {"oldest_transaction": None, "dead_rows": None, "history_length": None}
+
     def space(self, connection: BaseDatabaseWrapper, tables: Sequence[str]) -> dict[str, Any]:
         """What ``tables`` take and how much of it is free or dead (``Space`` keys)."""
         raise self.unsupported("reporting table space")

@@ -200,6 +200,39 @@ class MySQL(Engine):
 
     # ----- space -----------------------------------------------------------------------
 
+    def horizon(self, connection: BaseDatabaseWrapper,
+                tables: Sequence[str]) -> dict[str, Any]:
+        """InnoDB's oldest open transaction of another connection (``INNODB_TRX``: its
+        read view keeps purge from removing older row versions) and the history list
+        length, the row versions waiting for purge. Both need the PROCESS privilege;
+        without it they are None."""
+        oldest, history = None, None
+        with connection.cursor() as cursor:
+            try:
+                cursor.execute(
+                    "SELECT t.trx_mysql_thread_id, "
+                    "coalesce(concat(p.USER, '@', p.HOST), ''), "
+                    "coalesce(p.COMMAND, t.trx_state), "
+                    "TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1000000.0 "
+                    "FROM information_schema.INNODB_TRX t "
+                    "LEFT JOIN information_schema.PROCESSLIST p "
+                    "ON p.ID = t.trx_mysql_thread_id "
+                    "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() "
+                    "ORDER BY t.trx_started LIMIT 1")
+                row = cursor.fetchone()
+                if row is not None:
+                    oldest = {"seconds": round(float(row[3]), 3),
+                              "holder": f"{row[1]} (connection {row[0]})".strip(),
+                              "pid": int(row[0]), "state": str(row[2]).lower()}
+                cursor.execute("SELECT `COUNT` FROM information_schema.INNODB_METRICS "
+                               "WHERE NAME = 'trx_rseg_history_len'")
+                found = cursor.fetchone()
+                history = None if found is None else int(found[0])
+            except DatabaseError as exc:
+                if not _denied(exc):
+                    raise
+        return {"oldest_transaction": oldest, "dead_rows": None, "history_length": history}
+
     def space(self, connection: BaseDatabaseWrapper, tables: Sequence[str]) -> dict[str, Any]:
         """Our tables' size and their free space as InnoDB reports it (estimates kept by
         the server; ``ANALYZE TABLE`` refreshes them). InnoDB's purge makes deleted rows'
@@ -402,3 +435,9 @@ def _row_triggers_found(connection: BaseDatabaseWrapper, prefix: str) -> list[Tr
             "AND LEFT(TRIGGER_NAME, %s) = %s ORDER BY TRIGGER_NAME", [len(prefix), prefix])
         return [Trigger(str(name), str(table), str(text))
                 for name, table, text in cursor.fetchall()]
+
+
+def _denied(exc: BaseException) -> bool:
+    """A missing privilege (1227: PROCESS needed; 1142/1143: no access to the view)."""
+    code = exc.args[0] if exc.args else None
+    return code in (1142, 1143, 1227)

@@ -440,6 +440,40 @@ class PostgreSQL(Engine):
 
     # ----- space -----------------------------------------------------------------------
 
+    def horizon(self, connection: BaseDatabaseWrapper,
+                tables: Sequence[str]) -> dict[str, Any]:
+        """The transaction of this database whose snapshot is the oldest (``backend_xmin``:
+        VACUUM keeps every row version it might still see, in every table of the
+        database), or an older prepared transaction; dead row versions from the statistics
+        collector (kept whether or not autovacuum runs). Other roles' sessions show only
+        to a role with ``pg_read_all_stats`` (``pg_monitor``)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, coalesce(nullif(application_name, ''), usename::text, ''), "
+                "coalesce(state, ''), EXTRACT(EPOCH FROM (now() - xact_start)) "
+                "FROM pg_stat_activity WHERE datname = current_database() "
+                "AND backend_xmin IS NOT NULL "
+                "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL "
+                "ORDER BY age(backend_xmin) DESC LIMIT 1")
+            row = cursor.fetchone()
+            oldest = None if row is None else {
+                "seconds": round(float(row[3]), 3), "holder": row[1], "pid": row[0],
+                "state": row[2]}
+            cursor.execute(
+                "SELECT gid, EXTRACT(EPOCH FROM (now() - prepared)) FROM pg_prepared_xacts "
+                "WHERE database = current_database() ORDER BY prepared LIMIT 1")
+            prepared = cursor.fetchone()
+            if prepared is not None and (oldest is None
+                                         or float(prepared[1]) > oldest["seconds"]):
+                oldest = {"seconds": round(float(prepared[1]), 3),
+                          "holder": f"prepared transaction {prepared[0]}", "pid": None,
+                          "state": "prepared"}
+            cursor.execute(
+                "SELECT relname, n_dead_tup FROM pg_stat_user_tables "
+                "WHERE relid = ANY(%s::regclass[]) ORDER BY relname", [list(tables)])
+            dead = {name: int(n) for name, n in cursor.fetchall()}
+        return {"oldest_transaction": oldest, "dead_rows": dead, "history_length": None}
+
     def space(self, connection: BaseDatabaseWrapper, tables: Sequence[str]) -> dict[str, Any]:
         """Our tables' size on disk (with indexes and TOAST) and their dead row versions,
         which only a VACUUM makes reusable (autovacuum, when it runs)."""

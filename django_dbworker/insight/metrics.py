@@ -10,7 +10,9 @@ database cannot be read."""
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -23,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
+from . import horizon
 from .snapshot import Snapshot, take
 
 #: The text format ``generate_latest`` writes; the header the hand-written text had.
@@ -38,7 +41,21 @@ FAMILIES = {
     "dbworker_supervisors": "Supervisors seen in the last day, by state.",
     "dbworker_paused_since_seconds": "Unix time a paused worker or queue was paused "
                                      "(only paused ones have a sample).",
+    "dbworker_oldest_transaction_seconds": "Seconds the oldest open transaction of another "
+                                           "connection has run (0: none).",
+    "dbworker_dead_rows": "Dead row versions of the units' tables (PostgreSQL).",
+    "dbworker_history_list_length": "Row versions waiting for InnoDB's purge "
+                                    "(MariaDB/MySQL).",
 }
+
+
+def _horizon_samples(found: dict[str, Any]) -> Iterator[tuple[str, dict[str, object], float]]:
+    oldest = found.get("oldest_transaction")
+    yield "dbworker_oldest_transaction_seconds", {}, oldest["seconds"] if oldest else 0.0
+    for table, n in (found.get("dead_rows") or {}).items():
+        yield "dbworker_dead_rows", {"table": table}, n
+    if found.get("history_length") is not None:
+        yield "dbworker_history_list_length", {}, found["history_length"]
 
 
 def _samples(snap: Snapshot) -> Iterator[tuple[str, dict[str, object], float]]:
@@ -67,13 +84,16 @@ def _samples(snap: Snapshot) -> Iterator[tuple[str, dict[str, object], float]]:
         yield "dbworker_supervisors", {"state": state}, n
 
 
-def families(snap: Snapshot) -> list[Metric]:
+def families(snap: Snapshot, found: dict[str, Any] | None = None) -> list[Metric]:
     """One gauge family per name in FAMILIES, each present even without samples.
 
     Families differ in their labels from sample to sample (``worker`` or ``queue``), so
     samples are added with their own labels rather than through a fixed label list."""
     by_name = {name: GaugeMetricFamily(name, help_text) for name, help_text in FAMILIES.items()}
-    for name, labels, value in _samples(snap):
+    samples = _samples(snap)
+    if found is not None:  # ``horizon.read()``
+        samples = itertools.chain(samples, _horizon_samples(found))
+    for name, labels, value in samples:
         by_name[name].add_sample(name, {k: str(v) for k, v in labels.items()}, float(value))
     return list(by_name.values())
 
@@ -82,7 +102,7 @@ class SnapshotCollector(Collector):
     """The dbworker_* families, read from the database at each scrape."""
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(take())
+        yield from families(take(), horizon.read())
 
     def describe(self) -> Iterator[Metric]:
         # Names only, for the registry's duplicate check; registering reads no database.
