@@ -8,6 +8,7 @@ connection directly where nothing could tell (``direct``); idle supervisors watc
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -228,22 +229,29 @@ class SQLite(Engine):
 
     def space(self, connection: BaseDatabaseWrapper, tables: Sequence[str]) -> dict[str, Any]:
         """The whole file (SQLite frees pages per database, not per table): pages on the
-        free list are space a VACUUM, or an incremental one, gives back."""
+        free list are space a VACUUM, or an incremental one, gives back; ``wal_bytes``,
+        the write-ahead log beside it (``-wal``), which a checkpoint only reuses and
+        ``dbworker vacuum`` truncates."""
         with connection.cursor() as cursor:
             page_size = _pragma(cursor, "page_size")
             pages = _pragma(cursor, "page_count")
             free = _pragma(cursor, "freelist_count")
             mode = _pragma(cursor, "auto_vacuum")
+        wal = f"{connection.settings_dict['NAME']}-wal"
         return {"scope": "database file", "total_bytes": pages * page_size,
                 "free_bytes": free * page_size, "dead_rows": None,
-                "auto_vacuum": AUTO_VACUUM.get(mode, str(mode))}
+                "auto_vacuum": AUTO_VACUUM.get(mode, str(mode)),
+                "wal_bytes": os.path.getsize(wal) if os.path.exists(wal) else 0}
 
     def vacuum_statements(self, connection: BaseDatabaseWrapper, tables: Sequence[str], *,
                           full: bool) -> list[str]:
         """VACUUM rewrites the file without its free pages, and turns incremental
         auto-vacuum on first (it takes effect only through a VACUUM), so that retention
-        gives the pages back batch by batch afterwards (``after_prune``)."""
-        return ["PRAGMA auto_vacuum = INCREMENTAL", "VACUUM"]
+        gives the pages back batch by batch afterwards (``after_prune``). A VACUUM writes
+        the whole database through the write-ahead log, which keeps its size after a
+        checkpoint: the last statement copies it back and truncates it to nothing (as
+        far as no reader still needs it)."""
+        return ["PRAGMA auto_vacuum = INCREMENTAL", "VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)"]
 
     def after_prune(self, connection: BaseDatabaseWrapper) -> int:
         """In incremental auto-vacuum mode, give the free pages back (``PRAGMA
