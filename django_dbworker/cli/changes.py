@@ -25,6 +25,9 @@ from ..tasks import store as taskstore
 from . import OperationError, units
 from .reports import check_names
 
+#: Rows a purge or a prune changes per transaction.
+BATCH = taskstore.PURGE_BATCH
+
 
 @dataclass(slots=True)
 class Plan:
@@ -37,6 +40,12 @@ class Plan:
     count: int = 0
     apply: Callable[[], int] = lambda: 0
     destructive: bool = False
+    #: Told the running total after each batch of a long change (purge, prune).
+    progress: Callable[[int], None] | None = None
+
+    def report(self, done: int) -> None:
+        if self.progress is not None:
+            self.progress(done)
 
     def as_dict(self, changed: int | None) -> dict[str, Any]:
         return {"command": self.command, "summary": self.summary, "would_change": self.count,
@@ -111,9 +120,13 @@ def purge(queue_names: list[str] | None) -> Plan:
         qs = qs.filter(queue_name__in=queue_names)
     count = qs.count()
     where = f"queue(s) {', '.join(queue_names)}" if queue_names else "every queue"
-    return Plan("purge", f"Delete {count} waiting task(s) (READY, WAITING or RETRYING) of "
-                f"{where}; they will not run (tasks waiting for them are cancelled).", [], count,
-                lambda: taskstore.purge(queue_names or None), destructive=True)
+    plan = Plan("purge", f"Delete {count} waiting task(s) (READY, WAITING or RETRYING) of "
+                f"{where}; they will not run (tasks waiting for them are cancelled).", [],
+                count, destructive=True)
+    # In batches of taskstore.PURGE_BATCH, a transaction each.
+    plan.apply = lambda: taskstore.purge(queue_names or None, batch=BATCH,
+                                         progress=plan.report)
+    return plan
 
 
 def prune(older_than: float | None) -> Plan:
@@ -137,16 +150,21 @@ def prune(older_than: float | None) -> Plan:
         Q(stopped_at__isnull=False) | Q(heartbeat_expires_at__lt=cutoff))
     supervisors = gone.count()
 
+    def batch_done(deleted: int) -> None:
+        # SQLite, incremental auto-vacuum: each batch's pages given back after it, so no
+        # statement frees a million rows' pages while holding the only write lock.
+        space.after_prune(using)
+        plan.report(deleted)
+
     def apply() -> int:
-        deleted = taskstore.prune(timedelta(seconds=older_than), 1000) + gone.delete()[0]
-        for _ in range(100_000):  # SQLite, incremental auto-vacuum: the pages given back
-            if not space.after_prune(using):
-                break
-        return deleted
+        deleted = taskstore.prune(timedelta(seconds=older_than), BATCH,
+                                 progress=batch_done)
+        return deleted + gone.delete()[0]
 
     when = cutoff.strftime("%Y-%m-%d %H:%M:%S %Z")
-    return Plan("prune", f"Delete {tasks} task(s) that finished before {when} and "
+    plan = Plan("prune", f"Delete {tasks} task(s) that finished before {when} and "
                 f"{supervisors} old supervisor row(s).", [],
                 tasks + supervisors, apply, destructive=True)
+    return plan
 
 

@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,10 +44,12 @@ from django.utils import timezone
 from .. import conf
 from ..db import compiled, engine, engine_for, keys, notify, sources
 from ..db.engine import Claim as EngineClaim
+from ..db.partial import InStates
 from ..djtasks import TaskResultDoesNotExist
 from ..models import (
     ANY_QUEUE_GUARD,
     TASK_CLAIMABLE,
+    TASK_SETTLED,
     TaskDependency,
     TaskRecord,
     TaskStatus,
@@ -578,15 +580,18 @@ def prune_batch(cutoff: datetime, batch: int) -> int:
     return TaskRecord.objects.using(using).filter(pk__in=ids).delete()[0]
 
 
-def prune(older_than: timedelta, batch: int) -> int:
+def prune(older_than: timedelta, batch: int,
+          progress: Callable[[int], None] | None = None) -> int:
     """Delete every finished task older than ``older_than``, ``batch`` rows at a time,
-    then the workflows left without a task (``workflows.retention``)."""
+    then the workflows left without a task (``workflows.retention``); ``progress`` is told
+    the running total after each batch (and may give the batch's space back)."""
     cutoff = timezone.now() - older_than
     deleted = 0
-    while n := prune_batch(cutoff, batch):
-        deleted += n
-    while n := retention.prune_batch(cutoff, batch):
-        deleted += n
+    for one_batch in (prune_batch, retention.prune_batch):
+        while n := one_batch(cutoff, batch):
+            deleted += n
+            if progress is not None:
+                progress(deleted)
     return deleted
 
 
@@ -605,18 +610,60 @@ def retry(task_ids: list[Any]) -> int:
              cancel_requested_at=None, crashes=0, return_value=None)
 
 
-def purge(queues: list[str] | None) -> int:
+#: Tasks a purge deletes per transaction.
+PURGE_BATCH = 1000
+
+
+def purge(queues: list[str] | None, *, batch: int = PURGE_BATCH,
+          progress: Callable[[int], None] | None = None) -> int:
     """Delete the tasks waiting to run (READY, WAITING, RETRYING) in ``queues`` (None:
-    all). Tasks waiting for a purged one are cancelled (``DependencyFailed``) as if it had
-    been cancelled: none waits forever for a task that is gone."""
+    all), enqueued before the purge began; how many. Tasks waiting for a purged one are
+    cancelled (``DependencyFailed``) as if it had been cancelled: none waits forever for a
+    task that is gone.
+
+    In transactions of at most ``batch`` tasks, each found through the index of its
+    statuses (the claim index for READY and RETRYING, ``dbworker_task_status`` for
+    WAITING), so no claim, enqueue or renewal waits for more than one batch, and the work
+    follows the tasks purged, not the table. ``progress`` is told the running total after
+    each batch. Tasks enqueued meanwhile are left (a purge ends, whatever the enqueues)."""
     using = _alias()
-    qs = TaskRecord.objects.using(using).filter(status__in=TRANSITIONS["purge"])
+    started = timezone.now()
+    base = TaskRecord.objects.using(using).filter(enqueued_at__lte=started)
     if queues is not None:
-        qs = qs.filter(queue_name__in=queues)
+        base = base.filter(queue_name__in=queues)
+    deleted = 0
+    waiting = base.filter(InStates("status", TASK_SETTLED), status=TaskStatus.WAITING)
+    for part in (base.filter(InStates("status", TASK_CLAIMABLE)), waiting):
+        while (done := _purge_batch(using, part, batch, waiting)) is not None:
+            deleted += done
+            if progress is not None:
+                progress(deleted)
+    return deleted
+
+
+def _purge_batch(using: str, qs: QuerySet[TaskRecord], batch: int,
+                 waiting: QuerySet[TaskRecord]) -> int | None:
+    """One transaction: up to ``batch`` tasks of ``qs`` locked (a claim that took one
+    first is waited for, and then the task no longer matches) and deleted, with the
+    dependents the purge would delete too (``waiting``), however deep: they go with the
+    tasks they wait for, never cancelled by them first. The other dependents are resolved
+    (cancelled). How many were deleted; None when none matched."""
     with transaction.atomic(using=using):
-        awaited = list(qs.filter(has_dependents=True).select_for_update()
-                       .values_list("pk", flat=True))
-        deleted = qs.delete()[0]
+        found = list(qs.select_for_update().values_list("pk", "has_dependents")[:batch])
+        if not found:
+            return None
+        ids = {pk for pk, _ in found}
+        awaited = frontier = [pk for pk, has in found if has]
+        while frontier:
+            edges = TaskDependency.objects.using(using).filter(dependency_id__in=frontier)
+            more = list(waiting.filter(pk__in=edges.values("dependent_id"))
+                        .exclude(pk__in=ids).select_for_update()
+                        .values_list("pk", "has_dependents"))
+            ids |= {pk for pk, _ in more}
+            frontier = [pk for pk, has in more if has]
+            awaited = awaited + frontier
+        deleted = TaskRecord.objects.using(using).filter(
+            pk__in=sorted(ids), status__in=TRANSITIONS["purge"]).delete()[0]
         if awaited:  # after the delete: a dependent purged too is not cancelled
             dependents.resolve(using, [(pk, TaskStatus.CANCELLED) for pk in awaited])
         return deleted

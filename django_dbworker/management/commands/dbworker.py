@@ -226,6 +226,10 @@ class Command(BaseCommand):
         as_json = options["json"]
         if plan.count and not options["yes"]:
             self._ask(plan, as_json)
+        if options["verbosity"] >= 1 and plan.count > changes.BATCH:
+            # A change of more than one batch says how far it is, on stderr.
+            plan.progress = lambda done: self.stderr.write(
+                f"{name}: {done:,} of {plan.count:,} done")
         changed = plan.apply() if plan.count else 0
         doc = plan.as_dict(changed)
         self._print(name, doc, lambda d: render.plan(d) + f"\nChanged {d['changed']}.",
