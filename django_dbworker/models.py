@@ -169,6 +169,15 @@ class Execution(models.Model):
                 condition=Q(state__in=SETTLED),
                 flag="dbworker_settled",
             ),
+            # One worker's ended executions by state: the capped counts of the dashboard,
+            # the metrics and ``dbworker stats`` (at most CAP entries each), and the
+            # admin's list filtered by worker and status, newest first.
+            PartialIndex(
+                fields=["state", "worker", "id"],
+                name="dbworker_execution_settled",
+                condition=Q(state__in=SETTLED),
+                flag="dbworker_settled",
+            ),
             # Serves the reaper (expired leases) and lease renewal.
             PartialIndex(
                 fields=["lease_expires_at"],

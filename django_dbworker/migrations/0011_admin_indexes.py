@@ -18,6 +18,10 @@ class Migration(migrations.Migration):
             model_name='execution',
             index=django_dbworker.db.partial.PartialIndex(condition=models.Q(('state__in', ('FINISHED', 'FAILED'))), fields=['state', 'id'], flag='dbworker_settled', name='dbworker_execution_state'),
         ),
+        migrations.AddIndex(  # its flag column was added with the index above
+            model_name='execution',
+            index=django_dbworker.db.partial.PartialIndex(condition=models.Q(('state__in', ('FINISHED', 'FAILED'))), fields=['state', 'worker', 'id'], flag='dbworker_settled', name='dbworker_execution_settled'),
+        ),
         migrations.AddIndex(
             model_name='execution',
             index=models.Index(fields=['finished_at'], name='dbworker_execution_finished_at'),
