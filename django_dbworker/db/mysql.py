@@ -205,7 +205,8 @@ class MySQL(Engine):
         """InnoDB's oldest open transaction of another connection (``INNODB_TRX``: its
         read view keeps purge from removing older row versions) and the history list
         length, the row versions waiting for purge. Both need the PROCESS privilege;
-        without it they are None."""
+        without it they are None. The server refreshes what ``INNODB_TRX`` shows only when
+        it was not read in the last 100 ms: read more often, it keeps its last picture."""
         oldest, history = None, None
         with connection.cursor() as cursor:
             try:
