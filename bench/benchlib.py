@@ -487,6 +487,19 @@ def per_database(script: Path, dbs: Sequence[str], args: Sequence[str]) -> dict[
     return found
 
 
+def per_size(script: Path | str, sizes: Sequence[int], args: Sequence[str]) -> list[Any]:
+    """Run ``script --child-size <size> --out <file> *args`` for each size, each in a fresh
+    process (and so a fresh database); return what each child wrote, in order."""
+    found: list[Any] = []
+    for size in sizes:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            command = [sys.executable, str(script), "--child-size", str(size),
+                       "--out", out.name, *args]
+            subprocess.run(command, check=True, cwd=ROOT)
+            found.append(json.loads(Path(out.name).read_text()))
+    return found
+
+
 def write_results(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / name

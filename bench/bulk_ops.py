@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -92,14 +91,8 @@ def main() -> None:
     if args.child_size:
         child(args.db, args.child_size, args.out, args.code)
         return
-    results = []
-    for size in args.sizes:
-        out = benchlib.RESULTS / f".bulk-{size}.json"
-        command = [sys.executable, __file__, "--db", args.db, "--child-size", str(size),
-                   "--out", str(out)] + (["--code", args.code] if args.code else [])
-        subprocess.run(command, check=True, cwd=benchlib.ROOT)
-        results.append(json.loads(out.read_text()))
-        out.unlink()
+    code = ["--code", args.code] if args.code else []
+    results = benchlib.per_size(__file__, args.sizes, ["--db", args.db, *code])
     rows = [(r["size"], f"{r['purge_s']:.2f} s", f"{r['probe_median_ms']} ms",
              f"{r['probe_max_ms']} ms") for r in results]
     print(benchlib.markdown_table(["waiting tasks", "purge", "enqueue meanwhile (median)",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -125,14 +124,8 @@ def main() -> None:
     if args.child_size:
         child(args.db, args.child_size, args.runs, args.out)
         return
-    results = []
-    for size in args.sizes:
-        out = benchlib.RESULTS / f".operator-{size}.json"
-        subprocess.run([sys.executable, __file__, "--db", args.db, "--child-size", str(size),
-                        "--runs", str(args.runs), "--out", str(out)], check=True,
-                       cwd=benchlib.ROOT)
-        results.append(json.loads(out.read_text()))
-        out.unlink()
+    results = benchlib.per_size(__file__, args.sizes,
+                                ["--db", args.db, "--runs", str(args.runs)])
     rows = [(r["size"], when, *(f"{r[when][s]['median_s']:.3f} s" for s in SURFACES))
             for r in results for when in ("fresh", "analyzed")]
     print(benchlib.markdown_table(["units", "statistics", *SURFACES], rows))

@@ -20,7 +20,6 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -196,15 +195,8 @@ def main() -> None:
     if args.child_size:
         child(args.child_size, args.runs, args.out, args.code)
         return
-    results = []
-    for size in args.sizes:
-        out = benchlib.RESULTS / f".operator-admin-{args.label}-{size}.json"
-        subprocess.run([sys.executable, __file__, "--child-size", str(size), "--runs",
-                        str(args.runs), "--out", str(out),
-                        *(["--code", args.code] if args.code else [])],
-                       check=True, cwd=benchlib.ROOT)
-        results.append(json.loads(out.read_text()))
-        out.unlink()
+    code = ["--code", args.code] if args.code else []
+    results = benchlib.per_size(__file__, args.sizes, ["--runs", str(args.runs), *code])
     names = list(pages(1))
     rows = [(name, *(f"{r[when][name]['median_s']:.3f}" for r in results
                      for when in ("fresh", "analyzed"))) for name in names]
