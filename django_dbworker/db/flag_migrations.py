@@ -54,15 +54,12 @@ class WherePartialIndexesLack(migrations.SeparateDatabaseAndState):
 
 
 class AddFlaggedIndex(migrations.AddIndex):
-    """``AddIndex`` of a ``PartialIndex`` whose flag column is new: where the database has
-    no partial indexes, the column is added first (and dropped after the index when
-    reversed); elsewhere a plain ``AddIndex`` of the partial index."""
+    """``AddIndex`` of a ``PartialIndex`` whose flag column is new (migrations import it
+    from here, as only they need it): where the database has no partial indexes, the
+    column is added first (and dropped after the index when reversed); elsewhere a plain
+    ``AddIndex`` of the partial index."""
 
     index: PartialIndex
-
-    def deconstruct(self) -> Any:
-        _, args, kwargs = super().deconstruct()
-        return (self.__class__.__qualname__, args, kwargs)
 
     def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
                           to_state: Any) -> None:

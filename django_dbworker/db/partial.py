@@ -202,13 +202,12 @@ class KeyField(models.CharField):
 
 
 def __getattr__(name: str) -> Any:
-    """``WherePartialIndexesLack`` and ``AddFlaggedIndex``, the migration operations, live
-    in ``flag_migrations`` and are imported when a migration asks for them here (migrations
-    0007 and 0011 name them so): a
+    """``WherePartialIndexesLack``, the migration operation, lives in ``flag_migrations``
+    and is imported when a migration asks for it here (migration 0007 names it so): a
     supervisor and its children, which import this module with the models, never load
     Django's migration operations and state."""
-    if name in ("WherePartialIndexesLack", "AddFlaggedIndex"):
-        from . import flag_migrations
+    if name == "WherePartialIndexesLack":
+        from .flag_migrations import WherePartialIndexesLack
 
-        return getattr(flag_migrations, name)
+        return WherePartialIndexesLack
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,6 +3,7 @@ newest first (unfiltered, by task, by an end status), the last minutes' completi
 executions. The indexes by status hold only the statuses no claim or reaper reads
 (``SETTLED``, ``TASK_SETTLED``): on MariaDB and MySQL behind a new flag column."""
 
+import django_dbworker.db.flag_migrations
 import django_dbworker.db.partial
 from django.db import migrations, models
 
@@ -14,7 +15,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        django_dbworker.db.partial.AddFlaggedIndex(
+        django_dbworker.db.flag_migrations.AddFlaggedIndex(
             model_name='execution',
             index=django_dbworker.db.partial.PartialIndex(condition=models.Q(('state__in', ('FINISHED', 'FAILED'))), fields=['state', 'id'], flag='dbworker_settled', name='dbworker_execution_state'),
         ),
@@ -30,7 +31,7 @@ class Migration(migrations.Migration):
             model_name='taskrecord',
             index=models.Index(fields=['enqueued_at', 'id'], name='dbworker_task_enqueued'),
         ),
-        django_dbworker.db.partial.AddFlaggedIndex(
+        django_dbworker.db.flag_migrations.AddFlaggedIndex(
             model_name='taskrecord',
             index=django_dbworker.db.partial.PartialIndex(condition=models.Q(('status__in', ('WAITING', 'SUCCESSFUL', 'FAILED', 'CANCELLED'))), fields=['status', 'enqueued_at', 'id'], flag='dbworker_settled', name='dbworker_task_status'),
         ),
