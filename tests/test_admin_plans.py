@@ -23,7 +23,7 @@ from django.utils import timezone
 from django_dbworker.admin import actions
 from django_dbworker.models import Execution, Failure, State, TaskRecord, TaskStatus
 from django_dbworker.rows.registry import workers
-from tests.test_claim_plan import describe, explain_sql, walk
+from tests.test_claim_plan import describe, explain_sql, forget_statistics, walk
 from tests.testapp.models import Item
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,6 +79,8 @@ def units() -> None:
               f"ELSE '{TaskStatus.SUCCESSFUL}' END")
     insert(TaskRecord, UNITS, id="gen_random_uuid()", task_path=f"'{PATH}'", status=status,
            enqueued_at=f"{now} - g * interval '1 second'", finished_at=now, attempts="1")
+    # Never analyzed: not even the statistics an earlier test in this database left.
+    forget_statistics(sorted(TABLES))
 
 
 def scans(sql: str, settings: list[str]) -> list[str]:

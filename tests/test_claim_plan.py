@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -114,23 +114,22 @@ def history(request: pytest.FixtureRequest) -> dict[str, list[int]]:
     return waiting
 
 
-def forget_statistics() -> None:
-    """Make sure the planner has no statistics for our two tables: a flush (TRUNCATE)
-    resets their sizes but keeps the column statistics of an earlier test's ANALYZE, which
-    only a superuser can remove (PostgreSQL 15 has no function for it)."""
+def forget_statistics(tables: Sequence[str] = (TABLE, SOURCE)) -> None:
+    """Make sure the planner has no statistics for ``tables`` (default: our two): a flush
+    (TRUNCATE) resets their sizes but keeps the column statistics of an earlier test's
+    ANALYZE, which only a superuser can remove (PostgreSQL 15 has no function for it)."""
     if connection.vendor != "postgresql":
         return  # SQLite keeps its statistics in sqlite_stat1, emptied with the tables' rows
+    names = list(tables)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stats WHERE tablename IN (%s, %s)",
-                       [TABLE, SOURCE])
+        cursor.execute("SELECT count(*) FROM pg_stats WHERE tablename = ANY(%s)", [names])
         if cursor.fetchone()[0]:
             cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
             if not cursor.fetchone()[0]:
                 pytest.skip("stale planner statistics, and no superuser to remove them")
-            cursor.execute("DELETE FROM pg_statistic WHERE starelid IN (%s::regclass, "
-                           "%s::regclass)", [TABLE, SOURCE])
-        cursor.execute("SELECT count(*) FROM pg_stats WHERE tablename IN (%s, %s)",
-                       [TABLE, SOURCE])
+            cursor.execute("DELETE FROM pg_statistic WHERE starelid = ANY(%s::regclass[])",
+                           [names])
+        cursor.execute("SELECT count(*) FROM pg_stats WHERE tablename = ANY(%s)", [names])
         assert cursor.fetchone()[0] == 0
 
 
