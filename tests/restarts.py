@@ -338,11 +338,14 @@ def check(query: Query, drain: Drain, supervisors: list[Runworkers],
 
 def restart_during_drain(label: str, query: Query, drain: Drain, env: dict[str, str],
                          outage: Callable[[], None], *, past_lease: bool,
-                         diagnose: Callable[[], str] | None = None) -> None:
+                         diagnose: Callable[[], str] | None = None,
+                         repair: Callable[[], list[str]] | None = None) -> None:
     """Two supervisors drain the seeded work; ``outage`` stops the server and starts it
     again once every kind of unit is under way; the gate opens once it is back; then every
     unit must end well (``check``; ``past_lease``: the server was down longer than the
-    lease). Where something went wrong, ``diagnose()`` adds what the server says."""
+    lease). Where something went wrong, ``diagnose()`` adds what the server says. Where
+    the work did not settle, ``repair()`` may apply a documented remedy for a server fault
+    (it returns what it did; nothing: no such fault), and the work must then settle."""
     supervisors: list[Runworkers] = []
     try:
         for i in range(SUPERVISORS):
@@ -359,6 +362,10 @@ def restart_during_drain(label: str, query: Query, drain: Drain, env: dict[str, 
         back = time.monotonic()
         drain.gate.touch()
         settled = _wait(lambda: _settled(query), SETTLE)
+        repaired = repair() if not settled and repair is not None else []
+        if repaired:
+            print(f"\n{label}: the server's fault, repaired as documented: {repaired}")
+            settled = _wait(lambda: _settled(query), SETTLE)
         ended = time.monotonic()
         problems, summary = check(query, drain, supervisors, children, past_lease)
         if not settled:

@@ -289,9 +289,21 @@ def test_mariadb_restart_fails_no_unit_under_two_supervisors(server, tmp_path, h
         time.sleep(down)
         server.start()
 
+    def repair() -> list[str]:
+        """docs/operations.md, "After a server crash (MariaDB 10.11)": InnoDB's purge may
+        flag an index on a virtual flag column corrupted after recovery (a server bug, seen
+        after a kill, rarely a short one); the documented remedy rebuilds the table while
+        the supervisors run. The work must then end as it would have."""
+        log = server.log.read_text(errors="replace")
+        tables = sorted(set(re.findall(r"Flagged corruption of `[^`]+` in table "
+                                       r"`[^`]+`\.`([^`]+)`", log)))
+        for table in tables:
+            query(f"ALTER TABLE `{table}` FORCE")
+        return [f"ALTER TABLE {table} FORCE" for table in tables]
+
     restarts.restart_during_drain(
         f"mariadb {how}, down {down}s, lease {lease or 30}s", query, drain, env, outage,
-        past_lease=lease is not None, diagnose=lambda: _server_says(server))
+        past_lease=lease is not None, diagnose=lambda: _server_says(server), repair=repair)
 
 
 def _server_says(server: Server) -> str:
