@@ -15,7 +15,8 @@ from django.db import OperationalError, connection, connections, transaction
 from django_dbworker import conf
 from django_dbworker.db import connections as db
 from django_dbworker.db import sqlite
-from django_dbworker.models import Pause
+from django_dbworker.models import Execution, Pause, State
+from tests.conftest import wait_for
 from tests.testapp.models import Item
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,23 +34,29 @@ def busy_timeout() -> int:
     return connection.connection.execute("PRAGMA busy_timeout").fetchone()[0]
 
 
-def test_a_transaction_gets_the_write_lock_soon_after_another_process_let_it_go(sqlite_file):
+def test_a_transaction_gets_the_write_lock_soon_after_another_process_let_it_go(
+        sqlite_file, monkeypatch):
+    """Another process lets the lock go during our first short pause (tens of
+    microseconds): the next try has it, with SQLite's own busy handler (1 + 2 + 5 ms of
+    sleep at least) never used."""
     db.own_process(connection.alias)
     other = sqlite3.connect(sqlite_file, isolation_level=None, check_same_thread=False)
     other.execute("BEGIN IMMEDIATE")  # another process holds the write lock ...
-    release = threading.Timer(0.005, other.execute, ("COMMIT",))  # ... for 5 ms
-    release.start()
-    started = time.monotonic()
+    pauses: list[tuple[float, int]] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append((seconds, busy_timeout()))
+        if other.in_transaction:
+            other.execute("COMMIT")  # ... and lets it go while we pause
+
+    monkeypatch.setattr(sqlite.time, "sleep", pause)
     try:
         with transaction.atomic():
             Item.objects.create()
-        waited = time.monotonic() - started
     finally:
-        release.join()
         other.close()
     assert Item.objects.count() == 1
-    # SQLite's own busy handler would have slept 1 + 2 + 5 ms at least.
-    assert waited < 1.0
+    assert pauses == [(sqlite._PAUSES[0], 0)], "one short pause, SQLite's wait off"
     assert busy_timeout() == int(conf.get().SQLITE_BUSY_TIMEOUT * 1000), "restored"
 
 
@@ -84,19 +91,24 @@ def test_other_errors_are_not_tried_again(sqlite_file):
     assert busy_timeout() == int(conf.get().SQLITE_BUSY_TIMEOUT * 1000)
 
 
-def test_busy_tries_come_tens_of_microseconds_apart_with_sqlites_wait_off(sqlite_file):
+def test_busy_tries_come_tens_of_microseconds_apart_with_sqlites_wait_off(sqlite_file,
+                                                                         monkeypatch):
     connection.ensure_connection()
     seen = []
 
     def attempt() -> str:
-        seen.append((time.monotonic(), busy_timeout()))
+        seen.append(busy_timeout())
         if len(seen) < 5:
             raise sqlite3.OperationalError("database is locked")
         return "done"
 
+    pauses: list[float] = []
+    monkeypatch.setattr(sqlite.time, "sleep", pauses.append)
     assert sqlite.with_short_waits(connection, attempt) == "done"
-    assert [timeout for _, timeout in seen] == [0] * 5, "SQLite's own sleeps are off"
-    assert seen[-1][0] - seen[0][0] < 0.05, "1 + 2 + 5 + 10 ms with SQLite's busy handler"
+    assert seen == [0] * 5, "SQLite's own sleeps are off"
+    # SQLite's busy handler would sleep 1 + 2 + 5 + 10 ms between these tries.
+    assert pauses == list(sqlite._PAUSES[:4])
+    assert max(pauses) <= 0.001
     assert busy_timeout() == int(conf.get().SQLITE_BUSY_TIMEOUT * 1000)
 
 
@@ -144,3 +156,26 @@ def test_an_operator_command_past_the_busy_timeout_names_w001s_fix(deferred, set
         other.execute("ROLLBACK")
         other.close()
     assert not Pause.objects.exists()
+
+
+def test_a_sweep_that_meets_the_held_write_lock_is_tried_again_not_paused(sqlite_file,
+                                                                           runworkers):
+    """The supervisor's loop waits MAIN_LOCK_WAIT (1 s) for SQLite's write lock; a
+    discovery step that waited that long is tried again in a later round
+    (``sweep_retried``), as a claim is, instead of leaving the worker alone for 30 s
+    (``claim_failed``, and ``--burst`` exiting 1: seen beside two other supervisors)."""
+    Item.objects.bulk_create(Item() for _ in range(20))  # no post_save: the sweep finds them
+    other = sqlite3.connect(sqlite_file, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process writes for longer than a second
+    try:
+        rw = runworkers("--worker", "touch", "--burst", "-v", "2")  # -v 2: the info lines
+        wait_for(lambda: "sweep_retried" in rw.output() or "claim_failed" in rw.output(),
+                 120, "the sweep to meet the lock")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert rw.wait(120) == 0, rw.output()
+    assert Execution.objects.filter(worker="touch", state=State.FINISHED).count() == 20
+    out = rw.output()
+    assert "claim_failed" not in out, out
+    assert "sweep_retried source=touch" in out, out

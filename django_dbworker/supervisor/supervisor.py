@@ -101,7 +101,8 @@ class Supervisor:
         self._last_claim = 0.0
         self._rotation = 0
         self._broken: dict[str, float] = {}
-        #: When each source may log ``claim_retried`` again (monotonic seconds).
+        #: When each source may log ``claim_retried`` / ``sweep_retried`` again (monotonic
+        #: seconds), by "claim:name" / "sweep:name".
         self._retried_logged: dict[str, float] = {}
         #: A claim of this round failed with a transient error: claimed again soon.
         self._claims_deferred = False
@@ -155,7 +156,7 @@ class Supervisor:
             [Sweeper(w, config.SWEEP_BATCH, full_interval=config.FULL_SWEEP_INTERVAL,
                      owner=self.claimant.supervisor_id, periodic_full=_without_triggers)
              for w in options.workers],
-            config.SWEEP_INTERVAL, self._paused, self._broken_source)
+            config.SWEEP_INTERVAL, self._paused, self._sweep_failed)
         # In this order, every round, before claims (after them in a round NOTIFY woke: new
         # work first), renewal not among them (renewer.py).
         self.duties = Duties([
@@ -499,18 +500,34 @@ class Supervisor:
         try:
             return source.claim(want, held)
         except Exception as exc:  # one bad source stops only itself
-            if units.transient(exc):  # another transaction's locks: not the source's fault
+            if self._retried(name, exc, "claim"):
                 self._claims_deferred = True
-                now = time.monotonic()
-                if now >= self._retried_logged.get(name, -math.inf):
-                    self._retried_logged[name] = now + CLAIM_RETRIED_LOG_INTERVAL
-                    log_event(logging.INFO, "claim_retried", source=name,
-                              error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
-                              retry_in=TRANSIENT_CLAIM_RETRY,
-                              next_log_in=CLAIM_RETRIED_LOG_INTERVAL)
                 return []
             self._broken_source(name, exc, raw)
             return []
+
+    def _sweep_failed(self, name: str, exc: Exception, raw: object = None) -> None:
+        """A discovery step of worker ``name`` failed: tried again in a later round when
+        another transaction's locks were the cause (SQLite's write lock held past
+        MAIN_LOCK_WAIT, a deadlock), else the worker is left alone (``_broken_source``)."""
+        if not self._retried(name, exc, "sweep"):
+            self._broken_source(name, exc, raw)
+
+    def _retried(self, name: str, exc: Exception, what: str) -> bool:
+        """Whether ``exc`` is transient (``units.transient``): another transaction's locks,
+        not the source's fault. Then a ``claim_retried`` or ``sweep_retried`` line says so,
+        once per CLAIM_RETRIED_LOG_INTERVAL per source, and the step is tried again."""
+        if not units.transient(exc):
+            return False
+        now = time.monotonic()
+        key = f"{what}:{name}"
+        if now >= self._retried_logged.get(key, -math.inf):
+            self._retried_logged[key] = now + CLAIM_RETRIED_LOG_INTERVAL
+            log_event(logging.INFO, f"{what}_retried", source=name,
+                      error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+                      retry_in=TRANSIENT_CLAIM_RETRY if what == "claim" else "next round",
+                      next_log_in=CLAIM_RETRIED_LOG_INTERVAL)
+        return True
 
     def _burst_done(self) -> int:
         if self._broken:
