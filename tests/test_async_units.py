@@ -5,7 +5,6 @@ transaction)."""
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -44,19 +43,17 @@ def results(enqueued):
 
 
 def test_async_tasks_wait_together_in_one_child(runworkers):
-    """20 tasks that each await 0.5 s: about 1 s with one child, not 10 s."""
+    """20 tasks that each await 0.5 s in one child: ten at once (ASYNC_CONCURRENCY), as the
+    peak each saw says, not one at a time."""
     enqueued = async_units.nap.enqueue_many([((0.5, i), {}) for i in range(20)])
     p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
                    extra_env=bound(10))
-    started = time.monotonic()
     assert p.wait(120) == 0, p.output()
-    took = time.monotonic() - started
     done = results(enqueued)
     assert {r.status for r in done} == {TaskResultStatus.SUCCESSFUL}
     peaks = [r.return_value["peak"] for r in done]
     assert max(peaks) == 10, f"at most ASYNC_CONCURRENCY=10 at once, and that many: {peaks}"
     assert len({r.return_value["pid"] for r in done}) == 1
-    assert took < 6, f"20 x 0.5 s took {took:.1f} s with one child: they ran one at a time"
     assert Effect.objects.filter(worker="nap").count() == 20
 
 
@@ -189,9 +186,8 @@ def test_a_child_killed_releases_every_async_unit_it_ran(runworkers):
 def test_an_async_task_blocking_its_loop_past_its_timeout_has_its_child_stopped(runworkers):
     """It cannot be cancelled on its loop: the supervisor stops its child STOP_GRACE
     seconds after its timeout; what ran beside it goes back and runs again."""
-    block = async_units.async_block.enqueue(30)
+    block = async_units.async_block.enqueue(3600)  # a burst that ends: it was stopped
     beside = async_units.nap.enqueue(0.5, "beside")
-    started = time.monotonic()
     p = runworkers("--burst", "--concurrency", "1", "--queue", "default",
                    extra_env=bound(10))
     assert p.wait(120) == 0, p.output()
@@ -199,7 +195,6 @@ def test_an_async_task_blocking_its_loop_past_its_timeout_has_its_child_stopped(
     assert error.exception_class_path == "django_dbworker.exceptions.TaskTimeout"
     assert "timed_out" in p.output() and "reason=\"stopped with the unit beside it\"" \
         in p.output(), p.output()
-    assert time.monotonic() - started < 25
     assert default_task_backend.get_result(beside.id).status == TaskResultStatus.SUCCESSFUL
 
 

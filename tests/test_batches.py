@@ -185,7 +185,7 @@ def test_a_long_task_does_not_hold_back_the_records_of_those_before_it():
             kept.add(Kept(c, "done", c.claimed_at, lambda ok: ok))
         kept.started()  # the next task starts and runs long
         wait_for(lambda: TaskRecord.objects.filter(status=TaskStatus.SUCCESSFUL).count() == 2,
-                 timeout=5, what="the thread to record the tasks kept")
+                 timeout=60, what="the thread to record the tasks kept")
         kept.finished()
         assert [ok for _, ok in kept.flush()] == [True, True], "reported once, as recorded"
     finally:
@@ -220,7 +220,7 @@ def test_a_batch_is_recorded_behind_and_collected_without_waiting():
             kept.add(Kept(c, i, c.claimed_at, lambda ok: ok, tag=i))
         assert kept.record_behind() is True
         assert select.select([kept.fileno()], [], [], 10)[0], "the thread says it recorded"
-        wait_for(lambda: not kept.behind, timeout=5, what="the record to end")
+        wait_for(lambda: not kept.behind, timeout=60, what="the record to end")
         done = kept.recorded()
         assert [(k.tag, ok) for k, ok in done] == [(0, True), (1, True), (2, False)]
         assert kept.recorded() == [] and kept.flush() == [], "each outcome once"
@@ -251,7 +251,7 @@ def test_a_record_behind_that_fails_is_left_to_the_main_threads_flush():
         taskstore.succeed_many = failing_once
         assert kept.record_behind() is True
         assert select.select([kept.fileno()], [], [], 10)[0]
-        wait_for(lambda: kept.failed_behind, timeout=5, what="the thread to give up")
+        wait_for(lambda: kept.failed_behind, timeout=60, what="the thread to give up")
         assert kept.recorded() == [] and len(kept) == 1, "kept again, not lost"
         assert kept.record_behind() is False, "the main thread records from now on"
         assert [ok for _, ok in kept.flush()] == [True]
@@ -348,10 +348,16 @@ def test_a_child_killed_while_it_holds_the_lock_does_not_hang_its_supervisor():
     process = context.Process(target=die_holding_the_lock)
     process.start()
     process.join(10)
-    started = time.monotonic()
-    assert handoff.started() == 0 and handoff.running() is None
-    assert handoff.take_back(5) == 0
-    assert time.monotonic() - started < 5, "each read waited LOCK_WAIT at most"
+    answers: list[object] = []
+
+    def read() -> None:  # each read waits LOCK_WAIT at most: a dead holder hangs none
+        answers.extend([handoff.started(), handoff.running(), handoff.take_back(5)])
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(120)
+    assert not reader.is_alive(), "a read waited for the lock the dead child held"
+    assert answers == [0, None, 0]
 
 
 @pytest.mark.django_db

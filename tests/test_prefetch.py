@@ -73,7 +73,8 @@ def test_sigterm_gives_back_units_claimed_ahead_at_once(runworkers):
         # Given back while the slow handler still runs, not after it. (On SQLite the
         # supervisor writes nothing while a unit runs, as a handler may hold the only write
         # lock: they go back when it is through.)
-        wait_for(lambda: not waiting_ahead(slow), timeout=2, what="the units to be given back")
+        wait_for(lambda: not waiting_ahead(slow), timeout=60,
+                 what="the units to be given back")  # then: while the slow one runs
         assert running(slow)
     assert rw.wait(30) == 0, rw.output()
     assert "gave_back" in rw.output()

@@ -111,14 +111,13 @@ def test_supervisors_share_rows_and_run_each_exactly_once(runworkers):
 
 def test_killed_child_is_released_at_once_and_rerun(runworkers):
     item = Item.objects.create(action="sleep_first:30")
-    rw = runworkers(*ONE_CHILD, lease=60)
+    rw = runworkers(*ONE_CHILD, lease=3600)  # the lease is no way back within the test
     wait_for(lambda: running(item), what="the handler to be running")
     [child] = rw.children()
 
     os.kill(child, signal.SIGKILL)
-    killed_at = time.monotonic()
-    wait_for(lambda: has_state(item, State.FINISHED), timeout=15, what="the re-run")
-    assert time.monotonic() - killed_at < 10, "released after the lease, not at once"
+    wait_for(lambda: has_state(item, State.FINISHED), timeout=120,
+             what="the re-run (released at once: the lease is an hour)")
 
     assert rw.process.poll() is None, rw.output()
     unit = execution(item)
@@ -260,7 +259,7 @@ def test_second_signal_cuts_off_and_releases_the_unit(runworkers):
     rw.signal(signal.SIGTERM)
     wait_for(lambda: "stopping" in rw.output(), what="the first signal to be taken")
     rw.signal(signal.SIGTERM)
-    assert rw.wait(15) > 0, rw.output()  # it exits by itself, with an error status
+    assert rw.wait(60) > 0, rw.output()  # it exits by itself, with an error status
     assert "cut_off" in rw.output()
 
     unit = execution(item)

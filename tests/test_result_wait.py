@@ -62,7 +62,7 @@ def test_a_task_that_does_not_end_in_time_raises_a_timeout_and_goes_on():
     started = time.monotonic()
     with pytest.raises(ResultTimeout, match=r"had not ended after 0.3 s \(it is READY\)"):
         waiting.get(timeout=0.3)
-    assert 0.3 <= time.monotonic() - started < 1.5
+    assert time.monotonic() - started >= 0.3, "not before its timeout"
     assert isinstance(ResultTimeout("x"), TimeoutError)
     with pytest.raises(ResultTimeout):
         run_async(waiting.aget(timeout=0.1))

@@ -51,14 +51,12 @@ def test_tasks_and_rows_in_one_burst_with_retries(runworkers):
 
 
 def test_a_burst_exits_when_the_work_is_done_not_after_a_poll(runworkers):
-    """--burst ends with one more claim after the last, at once: with a 60 s POLL_INTERVAL
-    it used to wait a whole interval after the last task (no sweep to make it go on)."""
+    """--burst ends with one more claim after the last, at once: it used to wait a whole
+    POLL_INTERVAL after the last task (no sweep to make it go on); here that is an hour."""
     added = tasks.add.enqueue_many([((i, 1), {}) for i in range(5)])
-    started = time.monotonic()
-    p = runworkers("--burst", "--concurrency", "1", "--queue", "default", lease=600,
-                   extra_env={"DBWORKER_TEST_POLL": "60"})  # renewals every 200 s
+    p = runworkers("--burst", "--concurrency", "1", "--queue", "default", lease=3600,
+                   extra_env={"DBWORKER_TEST_POLL": "3600"})  # renewals every 20 minutes
     assert p.wait(120) == 0, p.output()
-    assert time.monotonic() - started < 30, "it waited for the poll interval"
     assert all(default_task_backend.get_result(r.id).return_value == i + 1
                for i, r in enumerate(added))
 
@@ -74,12 +72,10 @@ def test_children_start_with_the_supervisors_heap_frozen(runworkers):
 
 
 def test_timeout_stops_the_process_and_retries(runworkers):
-    result = tasks.sleeper.enqueue(30)
+    result = tasks.sleeper.enqueue(3600)  # FAILED within the wait: stopped by its timeout
     p = runworkers("--concurrency", "1", "--queue", "default")
-    started = time.monotonic()
-    wait_for(lambda: status_of(result.id) == TaskStatus.FAILED, timeout=60,
+    wait_for(lambda: status_of(result.id) == TaskStatus.FAILED, timeout=120,
              what="the task to time out twice")
-    assert time.monotonic() - started < 30, "stopped by its 1 s timeout, not by finishing"
     row = TaskRecord.objects.get(pk=result.id)
     assert row.attempts == 2
     assert [e["exception_class_path"] for e in row.errors] == \
@@ -101,14 +97,14 @@ def test_cancel_a_running_task(runworkers):
              what="the task to start")
     pid = Effect.objects.get(worker="long_running").pid
     assert django_dbworker.cancel(result.id) is True
-    wait_for(lambda: status_of(result.id) == TaskStatus.CANCELLED, timeout=10,
+    wait_for(lambda: status_of(result.id) == TaskStatus.CANCELLED, timeout=60,
              what="the running task to be cancelled")
-    wait_for(lambda: not alive(pid), timeout=5, what="the cancelled child to be gone")
+    wait_for(lambda: not alive(pid), timeout=60, what="the cancelled child to be gone")
     fresh = default_task_backend.get_result(result.id)
     assert fresh.status == TaskResultStatus.FAILED
     assert fresh.errors[-1].exception_class_path == "django_dbworker.exceptions.TaskCancelled"
     # Logged just after the record (taskwork.TaskWork._stop): the test may read it first.
-    wait_for(lambda: "cancelled" in p.output(), timeout=5, what="the cancelled line")
+    wait_for(lambda: "cancelled" in p.output(), timeout=60, what="the cancelled line")
     p.signal(signal.SIGTERM)
     assert p.wait(30) == 0
 
@@ -136,7 +132,7 @@ def test_cron_ticks_once_across_two_supervisors(runworkers):
     a = runworkers("--concurrency", "1", extra_env=cron_on)
     b = runworkers("--concurrency", "1", extra_env=cron_on)
     wait_for(lambda: TaskRecord.objects.filter(schedule="every_second").count() >= 4,
-             timeout=30, what="four cron ticks")
+             timeout=120, what="four cron ticks")
     for p in (a, b):
         p.signal(signal.SIGTERM)
         assert p.wait(30) == 0
@@ -189,18 +185,17 @@ def test_queue_selection(runworkers):
 def test_postgres_wakes_idle_supervisors_without_polling(runworkers, vendor):
     if vendor == "sqlite":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's (MariaDB: the commit probe); SQLite polls")
-    p = runworkers("--concurrency", "1", extra_env={"DBWORKER_TEST_POLL": "60"})
+    p = runworkers("--concurrency", "1", extra_env={"DBWORKER_TEST_POLL": "3600"})
     warm = tasks.add.enqueue(1, 1)  # the first claim happens at start, before any poll
-    wait_for(lambda: status_of(warm.id) == TaskStatus.SUCCESSFUL, what="the first task")
-    time.sleep(0.5)  # now it waits: the next poll is a minute away
+    wait_for(lambda: status_of(warm.id) == TaskStatus.SUCCESSFUL, timeout=120,
+             what="the first task")
+    time.sleep(0.5)  # now it waits: the next poll is an hour away
     for _ in range(3):
-        started = time.monotonic()
         result = tasks.add.enqueue(2, 2)
-        wait_for(lambda r=result: status_of(r.id) == TaskStatus.SUCCESSFUL, timeout=10,
-                 what="a task woken by NOTIFY")
-        assert time.monotonic() - started < 5
+        wait_for(lambda r=result: status_of(r.id) == TaskStatus.SUCCESSFUL, timeout=120,
+                 what="a task woken by NOTIFY (a poll is an hour away)")
         item = Item.objects.create()
         wait_for(lambda i=item: Effect.objects.filter(item_id=i.pk, worker="touch").exists(),
-                 timeout=10, what="a saved row woken by NOTIFY")
+                 timeout=120, what="a saved row woken by NOTIFY")
     p.signal(signal.SIGTERM)
     assert p.wait(30) == 0
