@@ -83,6 +83,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cheap_flush() -> None:
+    """The flush between transactional tests without Django's slow parts (tests/flush.py)."""
+    from django.db import connections
+
+    from tests import flush
+
+    for alias in connections:
+        flush.install(connections[alias])
+
+
 @pytest.fixture
 def vendor(db: None) -> str:
     from django.db import connection
