@@ -43,7 +43,9 @@ COMPAT = {("3.12", "5.2"): ("sqlite", "postgres"), ("3.12", "6.0"): ("sqlite",)}
 DATABASES = ("sqlite", "postgres", "mariadb")
 
 nox.options.envdir = ".venv-nox"
-nox.options.default_venv_backend = "virtualenv"  # nox's own dependency: nothing to find
+# uv (the dev extra has it) makes and fills a session's virtualenv in seconds; virtualenv
+# (nox's own dependency) where uv is missing.
+nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
 nox.options.download_python = "never"
 nox.options.error_on_missing_interpreters = True
@@ -101,7 +103,8 @@ def tests(session: nox.Session, django: str) -> None:
     if os.environ.get("DBWORKER_QUICK"):
         dbs = [db for db in dbs if db in COMPAT.get((str(session.python), django), ())]
     wanted = ["test", *extras, *(["mysql"] if "mariadb" in dbs else [])]
-    session.install("-e", f".[{','.join(wanted)}]", requirement)
+    # pip too: uv's virtualenvs have none, and test_django_tasks_suite fetches with it.
+    session.install("pip", "-e", f".[{','.join(wanted)}]", requirement)
     session.run("python", "-c", "import django, sys; print('Python', sys.version.split()[0], "
                 "'/ Django', django.get_version())")
     # scripts/test passes its own pytest arguments on (e.g. -k claim); with those, a pair
