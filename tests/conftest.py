@@ -73,10 +73,18 @@ COMPAT = {
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     compat = pytest.mark.compat
+    db = os.environ.get("DBWORKER_TEST_DB", "sqlite")
     for item in items:
         name = getattr(item, "originalname", item.name)
         if item.path.name in COMPAT or f"{item.path.name}::{name}" in COMPAT:
             item.add_marker(compat)
+        # A test whose subject is not the database (a browser, a signal to a script, the
+        # docs site) runs in one database's run, not three times: the CI's 2 CPUs are
+        # its limit. The reason says which run has it.
+        only = item.get_closest_marker("on_database")
+        if only is not None and only.args[0] != db:
+            item.add_marker(pytest.mark.skip(
+                reason=f"runs in the {only.args[0]} run only: {only.args[1]}"))
     if getattr(config, "dbworker_skip_postgres", False):
         skip = pytest.mark.skip(reason="PostgreSQL is not reachable (see the banner above)")
         for item in items:

@@ -27,7 +27,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1280, "height": 800}
 
-pytestmark = [pytest.mark.browser, pytest.mark.processes]
+pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.on_database(
+    "postgres", "the pages in a browser; the admin's statements on each database are "
+    "test_admin.py's and test_admin_plans.py's")]
 
 
 def _missing() -> str | None:

@@ -20,6 +20,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.on_database("sqlite", "the docs site: no database")
+
 REFERENCE = ROOT / "docs" / "reference"
 # A `::: path` line of a reference page, and the `members: [...]` option under it, if any.
 DIRECTIVE = re.compile(r"^::: (?P<path>[\w.]+)\n(?P<options>(?:[ \t]+.*\n)*)", re.MULTILINE)

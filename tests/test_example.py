@@ -205,6 +205,8 @@ def default_sigint() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.on_database("sqlite", "the demo script's signal handling (the demo's own "
+                         "database is SQLite)")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_the_demo_stops_on_a_signal_to_its_own_pid(example_env: dict[str, str],
                                                    tmp_path: Path, signum: int) -> None:

@@ -17,7 +17,9 @@ from tests.test_browser import log_in, run_action, superuser
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
-pytestmark = [pytest.mark.browser, pytest.mark.processes]
+pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.on_database(
+    "postgres", "the workflow page in a browser; its statements run in test_workflow_*.py "
+    "on each database")]
 
 # test_browser's fixtures: Chromium (once per module), a page on the live server, shots
 browser, page, shots = test_browser.browser, test_browser.page, test_browser.shots
