@@ -139,3 +139,28 @@ def test_a_bad_limit_is_refused_naming_the_setting(value):
     with override_settings(DBWORKER={"HEALTH_MAX_TRANSACTION_AGE": value}), \
             pytest.raises(ImproperlyConfigured, match="HEALTH_MAX_TRANSACTION_AGE"):
         conf.get()
+
+
+@override_settings(DBWORKER={"HEALTH_MAX_TRANSACTION_AGE": 0.2})
+def test_the_dashboard_names_the_holder_and_warns(holder, admin_client):
+    wait_for(lambda: oldest_is(holder), timeout=120, what="the holder to be the oldest")
+    wait_for(warned, what="the holder's transaction to pass 0.2 s")
+    page = admin_client.get(reverse("admin:django_dbworker_dashboard_changelist"))
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "<h2>Database</h2>" in html and "Oldest open transaction" in html
+    assert f"pid {holder_id(holder)}" in html
+    assert "dbw-horizon-warning" in html and "HEALTH_MAX_TRANSACTION_AGE" in html
+    if connection.vendor == "postgresql":
+        assert HOLDER in html and "Dead rows" in html
+    else:
+        assert "InnoDB history list length" in html
+    holder.rollback()
+
+
+def test_the_dashboard_says_when_nothing_holds_the_horizon(admin_client, vendor):
+    html = admin_client.get(reverse("admin:django_dbworker_dashboard_changelist")) \
+        .content.decode()
+    assert "<h2>Database</h2>" in html and "dbw-horizon-warning" not in html
+    if vendor == "sqlite":
+        assert "No other connection holds a transaction open" in html

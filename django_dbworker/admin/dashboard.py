@@ -16,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from .. import conf
-from ..insight import snapshot
+from ..insight import horizon, snapshot
 from ..models import Dashboard, Pause, State, TaskStatus
 from . import display
 
@@ -41,6 +41,7 @@ class DashboardAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         snap = snapshot.take()
+        database = horizon.read()
         site = self.admin_site.name
         pause = _pause_links(request, self.admin_site)
         executions = reverse(f"{site}:django_dbworker_execution_changelist")
@@ -58,6 +59,10 @@ class DashboardAdmin(admin.ModelAdmin):
             "task_statuses": [s.lower() for s in TaskStatus.values],
             "failures": [_failure(g, executions, tasks) for g in snap.failures],
             "supervisors_url": reverse(f"{site}:django_dbworker_supervisor_changelist"),
+            "database": database,
+            "database_warnings": horizon.warnings(database),
+            "oldest_age": display.seconds((database.get("oldest_transaction") or {})
+                                          .get("seconds")),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_dbworker/dashboard.html", context)
