@@ -10,16 +10,14 @@ than 10,000", wherever the admin shows it (the pagination line, "Select all ..."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
 from django.core.paginator import Page, Paginator
-from django.db import connections, transaction
 from django.http import HttpRequest
 
-from ..db import engine_for
+from ..db.connections import index_first
 
 #: Rows counted beyond the requested page; more are reported as "more than".
 BOUND = 10_000
@@ -65,22 +63,6 @@ class BoundedPaginator(Paginator):
             by_key = {obj.pk: obj for obj in self.rows_by_key(keys)}
         page.object_list = [by_key[k] for k in keys if k in by_key]
         return page
-
-
-@contextmanager
-def index_first(using: str) -> Iterator[None]:
-    """The block's statements in a transaction whose planner reads by index where one
-    serves (the engine's ``prefer_index_scans``; PostgreSQL: sequential scans off), put
-    back at its end when the block runs inside a request's transaction (ATOMIC_REQUESTS:
-    ``SET LOCAL`` would outlive it)."""
-    connection = connections[using]
-    engine = engine_for(connection)
-    nested = connection.in_atomic_block
-    with transaction.atomic(using=using), connection.cursor() as cursor:
-        engine.prefer_index_scans(cursor)
-        yield
-        if nested:
-            engine.prefer_index_scans(cursor, False)
 
 
 def page_number(request: HttpRequest) -> int:

@@ -4,9 +4,11 @@ transactional handler. What differs between databases is asked of their engine."
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField
 from django.db.models.expressions import RawSQL
@@ -123,3 +125,19 @@ class TransactionCheck:
             marker = self.engine.transaction_marker(connections[self.using])
         return marker == self.begun
 
+
+@contextmanager
+def index_first(using: str, ordered: bool = False) -> Iterator[None]:
+    """The block's statements in a transaction whose planner reads by index where one
+    serves (the engine's ``prefer_index_scans``; PostgreSQL: sequential scans off, and
+    bitmap scans too when ``ordered``: a read in the index's order), put back at its end
+    when the block runs inside a request's transaction (ATOMIC_REQUESTS: ``SET LOCAL``
+    would outlive it)."""
+    connection = connections[using]
+    engine = engine_for(connection)
+    nested = connection.in_atomic_block
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        engine.prefer_index_scans(cursor, ordered=ordered)
+        yield
+        if nested:
+            engine.prefer_index_scans(cursor, False, ordered=ordered)

@@ -401,10 +401,12 @@ class Engine:
         """``exc`` is the error of a statement ``limit_statements`` stopped."""
         return False
 
-    def prefer_index_scans(self, cursor: Any, prefer: bool = True) -> None:
+    def prefer_index_scans(self, cursor: Any, prefer: bool = True,
+                           ordered: bool = False) -> None:
         """Inside a transaction: have its planner read by index where one serves, not by
         sequential scans its guesses favour on tables without statistics (then ``prefer``
-        False puts it back, before the transaction goes on with other work)."""
+        False puts it back, before the transaction goes on with other work); ``ordered``:
+        in the index's order too (a newest-first read with a LIMIT), not a bitmap of it."""
 
     def values_source(self, connection: BaseDatabaseWrapper, columns: Sequence[Any],
                       rows: Sequence[Sequence[Any]]) -> tuple[tuple[str, list[Any]],

@@ -380,8 +380,18 @@ class PostgreSQL(Engine):
     def stopped_by_limit(self, exc: BaseException) -> bool:
         return "statement timeout" in str(exc).lower()
 
-    def prefer_index_scans(self, cursor: Any, prefer: bool = True) -> None:
-        cursor.execute(f"SET LOCAL enable_seqscan = {'off' if prefer else 'on'}")
+    def prefer_index_scans(self, cursor: Any, prefer: bool = True,
+                           ordered: bool = False) -> None:
+        value = "off" if prefer else "on"
+        if not ordered:
+            cursor.execute(f"SET LOCAL enable_seqscan = {value}")
+            return
+        # Bitmap scans too where the index's order is the point: they lose it, so a
+        # newest-first read with a LIMIT sorted every row of a partial index (500,000
+        # finished tasks: 0.2 s) where an index scan reads the newest few thousand. (Not
+        # for every read: an OR of two indexes is a BitmapOr, or else a sequential scan.)
+        cursor.execute("SELECT set_config('enable_seqscan', %s, true), "
+                       "set_config('enable_bitmapscan', %s, true)", [value, value])
 
     def values_source(self, connection: BaseDatabaseWrapper, columns: Sequence[Any],
                       rows: Sequence[Sequence[Any]]) -> tuple[tuple[str, list[Any]],

@@ -16,9 +16,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, F, Max, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet
 
 from .. import conf
+from ..db.connections import index_first
 from ..db.partial import InStates
 from ..models import SETTLED, TASK_FINISHED, Execution, State, TaskRecord, TaskStatus
 from ..rows.queries import candidates
@@ -119,7 +120,9 @@ def task_history(cap: int = CAP) -> Counted:
     sql, params = inner.query.sql_with_params()
     connection = connections[inner.db]
     q, s = (connection.ops.quote_name(c) for c in ("queue_name", "status"))
-    with connection.cursor() as cursor:
+    # Newest first through the index: a planner without statistics sorted every finished
+    # task instead (0.2 s at 500,000).
+    with index_first(inner.db, ordered=True), connection.cursor() as cursor:
         cursor.execute(f"SELECT {q}, {s}, COUNT(*) FROM ({sql}) newest GROUP BY {q}, {s}",
                        params)
         rows = cursor.fetchall()
@@ -245,30 +248,42 @@ def task_throughput(now: datetime) -> dict[str, list[int]]:
     return _per_minute(TaskRecord.objects.using(_alias()).finished(), "queue_name", now)
 
 
-def _durations(qs: Any, group: str, started: str, now: datetime) -> dict[str, dict[str, float]]:
+def _durations(qs: Any, group: str, started: str, now: datetime,
+               cap: int = CAP) -> dict[str, dict[str, float]]:
+    """Run times of the newest ``cap`` completions of the last ``MINUTES`` (all of them
+    below ``cap``): read newest first through the ``finished_at`` index, so a million
+    completions in the window cost what ten thousand do (they took 0.14-0.3 s)."""
     took = SecondsBetween(F(started), F("finished_at"))
     # Bounded on both sides: a range the planner reads through the index without
     # statistics (an open one it guesses covers a third of the table).
-    rows = (qs.filter(finished_at__gte=now - timedelta(minutes=MINUTES), finished_at__lte=now,
-                      **{f"{started}__isnull": False})
-            .annotate(took=took).values(group)
-            .annotate(n=Count("pk"), longest=Max("took"), total=Sum("took")).order_by())
+    inner = (qs.filter(finished_at__gte=now - timedelta(minutes=MINUTES), finished_at__lte=now,
+                       **{f"{started}__isnull": False})
+             .annotate(took=took).order_by("-finished_at").values(group, "took")[:cap])
+    sql, params = inner.query.sql_with_params()
+    connection = connections[inner.db]
+    g, t = (connection.ops.quote_name(c) for c in (group, "took"))
+    with index_first(inner.db, ordered=True), connection.cursor() as cursor:
+        cursor.execute(f"SELECT {g}, COUNT(*), MAX({t}), SUM({t}) FROM ({sql}) newest "
+                       f"GROUP BY {g}", params)
+        rows = cursor.fetchall()
     return {
-        r[group]: {
-            "count": r["n"],
-            "avg_seconds": max(float(r["total"] or 0) / r["n"], 0.0) if r["n"] else 0.0,
-            "max_seconds": max(float(r["longest"] or 0), 0.0),
+        name: {
+            "count": n,
+            "avg_seconds": max(float(total or 0) / n, 0.0) if n else 0.0,
+            "max_seconds": max(float(longest or 0), 0.0),
         }
-        for r in rows
+        for name, n, longest, total in rows
     }
 
 
 def execution_durations(now: datetime) -> dict[str, dict[str, float]]:
-    """Run time of the latest attempt of units completed in the last minutes, per worker."""
+    """Run time of the latest attempt of units completed in the last minutes (the newest
+    ``CAP`` of them), per worker."""
     return _durations(Execution.objects.using(_alias()), "worker", "started_at", now)
 
 
 def task_durations(now: datetime) -> dict[str, dict[str, float]]:
-    """Run time of the last attempt of tasks finished in the last minutes, per queue."""
+    """Run time of the last attempt of tasks finished in the last minutes (the newest
+    ``CAP`` of them), per queue."""
     return _durations(TaskRecord.objects.using(_alias()).finished(), "queue_name",
                       "last_attempted_at", now)
