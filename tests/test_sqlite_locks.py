@@ -3,6 +3,7 @@ before they wait the way SQLite does, and leave the busy timeout as it was."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -179,3 +180,28 @@ def test_a_sweep_that_meets_the_held_write_lock_is_tried_again_not_paused(sqlite
     out = rw.output()
     assert "claim_failed" not in out, out
     assert "sweep_retried source=touch" in out, out
+
+
+def test_the_operator_reads_need_no_write_lock(sqlite_file, settings, client):
+    """The metrics view and the newest-first reads run beside a writer that holds the
+    lock: ``index_first`` opens no transaction where the planner cannot be steered (a
+    BEGIN IMMEDIATE there would wait for the lock, then fail)."""
+    from django.urls import reverse
+    from django.utils import timezone
+
+    from django_dbworker.insight import counts
+
+    settings.DBWORKER = {**settings.DBWORKER, "SQLITE_BUSY_TIMEOUT": 0.2}
+    connection.close()
+    other = sqlite3.connect(sqlite_file, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # a supervisor's transactional handler, say
+    try:
+        counts.task_history()
+        counts.execution_durations(timezone.now())
+        assert client.get(reverse("django_dbworker:metrics")).status_code == 200
+        body = client.get(reverse("django_dbworker:health")).json()
+        assert "locked" not in json.dumps(body), body
+        assert "lag_seconds" in body and "supervisors_alive" in body, body  # read them all
+    finally:
+        other.execute("ROLLBACK")
+        other.close()

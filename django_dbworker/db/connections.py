@@ -132,9 +132,13 @@ def index_first(using: str, ordered: bool = False) -> Iterator[None]:
     serves (the engine's ``prefer_index_scans``; PostgreSQL: sequential scans off, and
     bitmap scans too when ``ordered``: a read in the index's order), put back at its end
     when the block runs inside a request's transaction (ATOMIC_REQUESTS: ``SET LOCAL``
-    would outlive it)."""
+    would outlive it). Where the engine cannot steer its planner, the block runs as it is:
+    no transaction (SQLite's would take the write lock for a read)."""
     connection = connections[using]
     engine = engine_for(connection)
+    if not engine.steers_planner:
+        yield
+        return
     nested = connection.in_atomic_block
     with transaction.atomic(using=using), connection.cursor() as cursor:
         engine.prefer_index_scans(cursor, ordered=ordered)

@@ -136,6 +136,14 @@ class Engine:
     concurrent_writers: ClassVar[bool] = True
     #: Supervisors can be woken by the writer's transaction (LISTEN/NOTIFY).
     notifies: ClassVar[bool] = False
+    #: A transaction that only reads may still take the one write lock (SQLite's BEGIN
+    #: IMMEDIATE, the transaction mode runworkers needs): operator reads run outside one,
+    #: so a health probe never waits for a handler's transaction.
+    read_transactions_lock: ClassVar[bool] = False
+    #: ``prefer_index_scans`` does something, inside a transaction of its own
+    #: (``db.connections.index_first``); where it does nothing, no transaction is opened
+    #: for it (on SQLite it would take the write lock for a read).
+    steers_planner: ClassVar[bool] = False
     #: A row's completion may COMMIT in the same query when it ends its transaction
     #: (``complete(..., final=True)``); the runner only works out ``final`` where it can.
     commits_with_completion: ClassVar[bool] = False

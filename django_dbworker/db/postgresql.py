@@ -51,6 +51,7 @@ _ENDED = "dbworker: the transaction of the handler ended before its completion"
 class PostgreSQL(Engine):
     vendor = "postgresql"
     notifies: ClassVar[bool] = True
+    steers_planner: ClassVar[bool] = True
     commits_with_completion: ClassVar[bool] = True
     begins_with_completion: ClassVar[bool] = True
     marker_sql: ClassVar[str | None] = "transaction_timestamp()"

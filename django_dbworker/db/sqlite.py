@@ -66,6 +66,7 @@ class SQLite(Engine):
     # token, which the record checks).
     checks_lease_on_record: ClassVar[bool] = False
     concurrent_writers: ClassVar[bool] = False
+    read_transactions_lock: ClassVar[bool] = True
     watches_commits: ClassVar[bool] = True
     progress_in_handler_transaction: ClassVar[bool] = True
 

@@ -3,6 +3,7 @@ metrics views (``Overdue``) instead of holding a probe or a scrape past its own 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,12 +24,15 @@ class Overdue(DatabaseError):
 def limited(using: str, seconds: float = SECONDS) -> Iterator[None]:
     """Run the block's statements with a limit of ``seconds`` each, in one transaction
     (the engine's ``limit_statements``: PostgreSQL's ``statement_timeout``, MariaDB's
-    ``max_statement_time``, MySQL's ``max_execution_time``, a progress handler on SQLite);
+    ``max_statement_time``, MySQL's ``max_execution_time``, a progress handler on SQLite,
+    which needs no transaction: one there would wait for the write lock a handler holds);
     raises ``Overdue`` when the database stopped one."""
     connection = connections[using]
     engine = engine_for(connection)
+    scope = (contextlib.nullcontext() if engine.read_transactions_lock
+             else transaction.atomic(using=using))
     try:
-        with transaction.atomic(using=using):
+        with scope:
             connection.ensure_connection()
             undo = engine.limit_statements(connection, seconds)
             try:
