@@ -12,10 +12,13 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection, connections, transaction
+from django.urls import reverse
+from django.utils import timezone
 
 from django_dbworker import conf
 from django_dbworker.db import connections as db
 from django_dbworker.db import sqlite
+from django_dbworker.insight import counts
 from django_dbworker.models import Execution, Pause, State
 from tests.conftest import wait_for
 from tests.testapp.models import Item
@@ -186,11 +189,6 @@ def test_the_operator_reads_need_no_write_lock(sqlite_file, settings, client):
     """The metrics view and the newest-first reads run beside a writer that holds the
     lock: ``index_first`` opens no transaction where the planner cannot be steered (a
     BEGIN IMMEDIATE there would wait for the lock, then fail)."""
-    from django.urls import reverse
-    from django.utils import timezone
-
-    from django_dbworker.insight import counts
-
     settings.DBWORKER = {**settings.DBWORKER, "SQLITE_BUSY_TIMEOUT": 0.2}
     connection.close()
     other = sqlite3.connect(sqlite_file, isolation_level=None)
