@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import flush
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -95,8 +97,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _cheap_flush() -> None:
     """The flush between transactional tests without Django's slow parts (tests/flush.py)."""
     from django.db import connections
-
-    from tests import flush
 
     for alias in connections:
         flush.install(connections[alias])
